@@ -1,0 +1,135 @@
+"""ppo_multigpu.py: sizes, GAE and loss against hand-computed values, runs at world sizes 1 and 2,
+bad input, and learning CartPole."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from helpers import assert_one_line_error, launch, only_run_dir, read_scalars
+
+from cleanrl_ddp.ppo_multigpu import Args, compute_gae, derive_sizes, ppo_loss
+
+SCRIPT = "ppo_multigpu.py"
+TINY = ["--local-num-envs", "2", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "2"]
+
+
+def test_derived_sizes_follow_world_size():
+    args = Args(local_num_envs=4, num_steps=128, num_minibatches=4, total_timesteps=10_000)
+    assert derive_sizes(args, 2) == dict(
+        world_size=2,
+        num_envs=8,
+        local_batch_size=512,
+        batch_size=1024,
+        local_minibatch_size=128,
+        minibatch_size=256,
+        num_iterations=9,
+    )
+    assert derive_sizes(args, 3)["batch_size"] == 1536
+    assert derive_sizes(args, 3)["num_iterations"] == 6
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(num_minibatches=3), "does not divide"),
+        (dict(local_num_envs=0), "--local-num-envs must be at least 1"),
+        (dict(total_timesteps=1000), "smaller than one iteration"),
+    ],
+)
+def test_derived_sizes_reject_bad_input(change, message):
+    with pytest.raises(ValueError, match=message):
+        derive_sizes(dataclasses.replace(Args(), **change), 2)
+
+
+def test_derived_sizes_are_not_flags():
+    fields = {f.name for f in dataclasses.fields(Args)}
+    derived = {"num_envs", "batch_size", "local_batch_size", "minibatch_size", "local_minibatch_size"}
+    assert not fields & (derived | {"num_iterations", "world_size"})
+
+
+def test_gae_matches_hand_computation():
+    # one env, three steps; obs[2] starts a new episode (dones[2] = 1)
+    gamma, lam = 0.9, 0.8
+    rewards = torch.tensor([[1.0], [2.0], [3.0]])
+    values = torch.tensor([[0.5], [1.0], [1.5]])
+    dones = torch.tensor([[0.0], [0.0], [1.0]])
+    next_value, next_done = torch.tensor([[2.0]]), torch.tensor([0.0])
+    adv, ret = compute_gae(rewards, values, dones, next_value, next_done, gamma, lam)
+    d2 = 3.0 + 0.9 * 2.0 - 1.5  # bootstraps from next_value
+    d1 = 2.0 + 0.0 - 1.0  # obs[2] is a new episode: no bootstrap through it
+    d0 = 1.0 + 0.9 * 1.0 - 0.5
+    a2, a1 = d2, d1
+    a0 = d0 + gamma * lam * a1
+    assert torch.allclose(adv.flatten(), torch.tensor([a0, a1, a2]))
+    assert torch.allclose(ret, adv + values)
+
+
+def test_ppo_loss_matches_hand_computation():
+    args = Args(clip_coef=0.2, ent_coef=0.01, vf_coef=0.5, norm_adv=True, clip_vloss=True)
+    new_logprob = torch.log(torch.tensor([0.5, 0.3]))
+    old_logprob = torch.log(torch.tensor([0.25, 0.3]))  # ratios 2.0 and 1.0
+    entropy = torch.tensor([0.6, 0.4])
+    new_value = torch.tensor([[1.0], [3.0]])
+    model = lambda obs, actions: (actions, new_logprob, entropy, new_value)  # stands in for the agent
+    adv = torch.tensor([1.0, -1.0])
+    returns, old_values = torch.tensor([2.0, 2.0]), torch.tensor([1.5, 2.9])
+    loss, stats = ppo_loss(model, None, torch.tensor([0, 1]), old_logprob, adv, returns, old_values, args, 1)
+
+    norm = adv / (adv.std() + 1e-8)  # [0.7071, -0.7071]
+    # sample 0: ratio 2 clipped to 1.2 (max of -0.707*2, -0.707*1.2); sample 1: ratio 1
+    pg = (max(-norm[0] * 2.0, -norm[0] * 1.2) + max(-norm[1] * 1.0, -norm[1] * 1.0)) / 2
+    # value 0: unclipped (1-2)^2=1, clipped 1.5-0.2=1.3 -> 0.49, max 1; value 1: (3-2)^2=1, clipped 3.0 -> 1
+    v = 0.5 * (1.0 + 1.0) / 2
+    expected = pg - 0.01 * 0.5 + 0.5 * v
+    assert loss.item() == pytest.approx(float(expected), rel=1e-5)
+    assert stats[0].item() == pytest.approx(float(pg), rel=1e-5)
+    assert stats[1].item() == pytest.approx(v, rel=1e-5)
+    assert stats[5].item() == pytest.approx(0.5)  # clipfrac: one of two ratios outside [0.8, 1.2]
+
+
+@pytest.mark.parametrize("nproc", [0, 2], ids=["python", "torchrun-2"])
+def test_training_runs_and_logs(tmp_path, nproc):
+    world = max(nproc, 1)
+    iterations = 3
+    total = iterations * world * 2 * 32
+    proc = launch(SCRIPT, [*TINY, "--total-timesteps", total, "--runs-dir", tmp_path], nproc=nproc)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    scalars = read_scalars(only_run_dir(tmp_path))
+    steps = [s for s, _ in scalars["losses/value_loss"]]
+    assert steps == [i * world * 64 for i in range(1, iterations + 1)]  # global steps, one per update
+    assert all(v == 2 * 2 for _, v in scalars["charts/updates_per_iteration"])
+    for tag in ("losses/policy_loss", "losses/entropy", "losses/approx_kl", "charts/SPS", "charts/episodic_return"):
+        assert tag in scalars, sorted(scalars)
+    assert all(np.isfinite(v) for _, v in scalars["charts/episodic_return"])
+    assert (only_run_dir(tmp_path) / "checkpoint.pt").is_file()
+
+
+@pytest.mark.parametrize(
+    "args, pattern",
+    [
+        (["--num-minibatches", "5"], "does not divide into --num-minibatches 5"),
+        (["--local-num-envs", "0"], "--local-num-envs must be at least 1"),
+        (["--total-timesteps", "100"], "smaller than one iteration"),
+        (["--env-id", "NoSuchEnv-v9"], "unknown --env-id 'NoSuchEnv-v9'.*CartPole-v1"),
+        (["--env-id", "Pendulum-v1"], "Box action space"),
+    ],
+    ids=["indivisible", "zero-envs", "tiny-budget", "unknown-env", "continuous-env"],
+)
+def test_bad_input_is_one_clear_line(tmp_path, args, pattern):
+    proc = launch(SCRIPT, [*args, "--runs-dir", tmp_path], nproc=2, timeout=120)
+    assert_one_line_error(proc, pattern, SCRIPT)
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_learns_cartpole_with_two_ranks(tmp_path):
+    proc = launch(
+        SCRIPT,
+        ["--total-timesteps", 160_000, "--learning-rate", 1e-3, "--runs-dir", tmp_path, "--checkpoint-every", 0],
+        nproc=2,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    returns = [v for _, v in read_scalars(only_run_dir(tmp_path))["charts/episodic_return"]]
+    recent = np.convolve(returns, np.ones(10) / 10, mode="valid")  # mean of 10 iterations' episodes
+    assert recent.max() > 400, f"best recent mean return {recent.max():.1f}"

@@ -1,0 +1,45 @@
+"""The repository's own promises: lint, the README's test command is CI's, every flag has help."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from helpers import REPO, SCRIPTS, script_path
+
+ALGO_SCRIPTS = sorted(p.name for p in SCRIPTS.glob("*_multigpu.py"))
+
+
+def test_ruff_lint_and_format():
+    for cmd in (["check", "."], ["format", "--check", "."]):
+        proc = subprocess.run([sys.executable, "-m", "ruff", *cmd], cwd=REPO, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    ci_lines = (REPO / ".ci/run").read_text().splitlines()
+    ci_command = ci_lines[ci_lines.index(next(line for line in ci_lines if "README test command" in line)) + 1]
+    readme = (REPO / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", readme, re.S)
+    assert blocks[1].strip() == ci_command.strip()  # the README's second command is the test command
+
+
+@pytest.mark.parametrize("script", ALGO_SCRIPTS)
+def test_every_flag_has_a_one_line_help(script):
+    env = {**os.environ, "COLUMNS": "200"}
+    proc = subprocess.run([sys.executable, script_path(script), "--help"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    entries = []  # one per flag: the box row with the flag plus its continuation rows
+    for line in proc.stdout.splitlines():
+        row = line.strip("│╭╰─╮╯ ")
+        if row.startswith("--"):
+            entries.append(row)
+        elif entries and row and not row.startswith("-h"):
+            entries[-1] += " " + row
+    assert len(entries) > 20, proc.stdout
+    for entry in entries:
+        flag = entry.split()[0].rstrip(",")
+        text = re.sub(r"\(default: [^)]*\)", "", entry)
+        text = " ".join(w for w in text.split() if not w.startswith("--") and not w.isupper() and "{" not in w)
+        assert len(re.findall(r"[a-z]{2,}", text)) >= 2, f"{flag} has no help text: {entry!r}"
