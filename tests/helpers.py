@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from benchmark.events import event_files, read_scalar_events, read_scalars  # noqa: F401 (re-exported)
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "cleanrl_ddp"
@@ -40,17 +40,6 @@ def only_run_dir(runs_dir) -> Path:
     dirs = run_dirs(runs_dir)
     assert len(dirs) == 1, f"expected one run directory in {runs_dir}, found {dirs}"
     return dirs[0]
-
-
-def read_scalars(run_dir) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar in a run directory's TensorBoard events: {tag: [(step, value), ...]} in file order."""
-    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
-    acc.Reload()
-    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
-
-
-def event_files(run_dir) -> list[Path]:
-    return sorted(Path(run_dir).glob("events.out.tfevents.*"))
 
 
 def assert_one_line_error(proc, pattern: str, script: str) -> None:
