@@ -2,6 +2,7 @@
 
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,19 +18,29 @@ def script_path(script: str) -> str:
     return str(SCRIPTS / script)
 
 
-def launch(script, args=(), nproc=1, timeout=300, env=None, torchrun_args=None, cwd=None):
+def launch(script, args=(), nproc=1, timeout=300, env=None, torchrun_args=None, cwd=None, wrapper=()):
     """Run `script` with `args`: plain python when nproc == 0, else `torchrun --standalone`.
 
-    Returns the CompletedProcess (text, stdout and stderr captured). Never waits past `timeout`.
+    `wrapper` (a program and its leading arguments, e.g. tests/dist_worker.py) is launched instead,
+    with the script's path and `args` after its own. Returns the CompletedProcess (text, stdout and
+    stderr captured). Never waits past `timeout`.
     """
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline", **(env or {})}
+    program = [*(str(w) for w in wrapper), script_path(script)]
     if nproc == 0:
-        cmd = [sys.executable, script_path(script)]
+        cmd = [sys.executable, *program]
     else:
         launcher = ["--standalone", f"--nproc_per_node={nproc}"] if torchrun_args is None else torchrun_args
-        cmd = [*TORCHRUN, *launcher, script_path(script)]
+        cmd = [*TORCHRUN, *launcher, *program]
     cmd += [str(a) for a in args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd or REPO)
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago (for torchrun's --master_port)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def run_dirs(runs_dir) -> list[Path]:
