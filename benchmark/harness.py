@@ -39,10 +39,12 @@ def run_name(script: str, env_id: str, world_size: int, seed: int) -> str:
     return f"{env_id.replace('/', '-')}__{Path(script).stem}__ws{world_size}__seed{seed}"
 
 
-def run_command(script: str, env_id: str, seed: int, world_size: int, runs_dir: str, extra: list[str]) -> list[str]:
-    launcher = [sys.executable]
+def run_command(script, env_id, seed, world_size, runs_dir, extra, portable=False) -> list[str]:
+    """The run's command line; `portable` names `python`/`torchrun` from PATH (for job scripts elsewhere)."""
+    launcher = ["python"] if portable else [sys.executable]
     if world_size > 1:
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}"]
+        torchrun = ["torchrun"] if portable else [sys.executable, "-m", "torch.distributed.run"]
+        launcher = [*torchrun, "--standalone", f"--nproc_per_node={world_size}"]
     name = run_name(script, env_id, world_size, seed)
     tail = ["--env-id", env_id, "--seed", str(seed), "--runs-dir", runs_dir, "--run-name", name]
     return [*launcher, script, *extra, *tail]
@@ -92,7 +94,7 @@ def slurm_array(runs: list[dict], runs_dir: str, extra: list[str]) -> str:
         "cmds=(",
     ]
     for run in runs:
-        cmd = run_command(run["script"], run["env_id"], run["seed"], run["world_size"], runs_dir, extra)
+        cmd = run_command(run["script"], run["env_id"], run["seed"], run["world_size"], runs_dir, extra, portable=True)
         lines.append("  " + shlex.quote(shlex.join(cmd)))
     lines += [")", 'eval "${cmds[$SLURM_ARRAY_TASK_ID]}"', ""]
     return "\n".join(lines)

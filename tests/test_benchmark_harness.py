@@ -57,5 +57,5 @@ def test_harness_writes_a_slurm_array_instead_of_running(tmp_path):
     assert harness.main([*args, "--", "--total-timesteps", "1000"]) == 0
     text = sbatch.read_text()
     assert "#SBATCH --array=0-5" in text
-    assert text.count("--nproc_per_node=2") == 6 and "--env-id Acrobot-v1 --seed 3" in text
+    assert text.count("torchrun --standalone --nproc_per_node=2") == 6 and "--env-id Acrobot-v1 --seed 3" in text
     assert not (tmp_path / "runs" / "CartPole-v1__ppo_multigpu__ws2__seed1").exists()  # nothing ran
