@@ -1,0 +1,940 @@
+"""PPO for continuous actions (MuJoCo), data-parallel with torch.distributed.
+
+Docs: docs/ppo_continuous_action_multigpu.md. Needs MuJoCo: `pip install -e ".[mujoco]"`.
+Launch it any of these ways (all ranks run this same file):
+
+    # 1 process (no process group)
+    python cleanrl_ddp/ppo_continuous_action_multigpu.py
+    # 2 processes on one machine
+    torchrun --standalone --nproc_per_node=2 cleanrl_ddp/ppo_continuous_action_multigpu.py
+    # 2 nodes x 8 processes: run on every node, with NODE_RANK 0 on the node at HOST
+    torchrun --nnodes=2 --nproc_per_node=8 --node_rank=$NODE_RANK \
+        --master_addr=HOST --master_port=29500 cleanrl_ddp/ppo_continuous_action_multigpu.py
+    # SLURM: one task per process, MASTER_ADDR/MASTER_PORT exported (see benchmark/slurm/)
+    srun --ntasks=16 --ntasks-per-node=8 python cleanrl_ddp/ppo_continuous_action_multigpu.py
+
+Every rank steps its own `--local-num-envs` environments; gradients are averaged across
+ranks each minibatch (DDP, or one flattened all-reduce with `--grad-sync flat`), so all ranks
+hold the same weights and together consume `--total-timesteps` env steps. Observations and
+rewards are normalised with running statistics that are merged across ranks once per iteration,
+so every rank feeds the network the same normalisation (see `RunningStats`).
+"""
+
+import os
+import random
+import signal
+import sys
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from typing import Literal, Optional
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.optim as optim
+import tyro
+from torch.distributions.normal import Normal
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+SCRIPT = os.path.basename(__file__)[: -len(".py")]
+EXIT_BAD_INPUT = 2
+"""exit code: invalid flags, environment, checkpoint or run directory (nothing was overwritten)"""
+EXIT_DIVERGED = 3
+"""exit code: `--sync-check-every` found replicas whose parameters or optimizer state differ"""
+EXIT_PREEMPTED = 75
+"""exit code: stopped by SIGTERM/SIGUSR1 after saving a checkpoint; relaunch to resume (EX_TEMPFAIL)"""
+
+
+@dataclass
+class Args:
+    exp_name: str = SCRIPT
+    """the name of this experiment (part of the run name)"""
+    seed: int = 1
+    """seed of the experiment; rank r's envs and sampling streams are derived from it"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled and CUDA is available, train on `cuda:{local_rank}`"""
+    track: bool = False
+    """if toggled, log to Weights and Biases (one run per job, from rank 0)"""
+    wandb_project_name: str = "cleanrl_ddp"
+    """the W&B project name"""
+    wandb_entity: Optional[str] = None
+    """the W&B entity (team)"""
+    runs_dir: str = "runs"
+    """the directory that holds one sub-directory per run (TensorBoard events, checkpoint.pt)"""
+    run_name: Optional[str] = None
+    """the run's directory name; default `{env_id}__{exp_name}__{seed}__{launch id}`, stable across elastic restarts"""
+
+    # Algorithm specific arguments
+    env_id: str = "HalfCheetah-v5"
+    """the id of a gymnasium environment with a continuous (Box) action space"""
+    total_timesteps: int = 1000000
+    """env steps of the whole run, summed over all ranks"""
+    learning_rate: float = 3e-4
+    """the learning rate of the optimizer"""
+    local_num_envs: int = 1
+    """the number of parallel environments on each rank"""
+    num_steps: int = 2048
+    """the number of steps each environment runs per rollout"""
+    anneal_lr: bool = True
+    """toggle learning rate annealing"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int = 32
+    """the number of minibatches per epoch (the same on every rank)"""
+    update_epochs: int = 10
+    """the K epochs to update the policy"""
+    norm_adv: bool = True
+    """toggle advantage normalisation (statistics of the global minibatch, over all ranks)"""
+    clip_coef: float = 0.2
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """toggle the clipped value loss"""
+    ent_coef: float = 0.0
+    """coefficient of the entropy bonus"""
+    vf_coef: float = 0.5
+    """coefficient of the value loss"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for gradient clipping (of the averaged gradient)"""
+    target_kl: Optional[float] = None
+    """stop the epochs early when the KL averaged across ranks exceeds this"""
+    norm_obs: bool = True
+    """toggle observation normalisation (running statistics merged over all ranks)"""
+    norm_reward: bool = True
+    """toggle reward scaling by the std of the discounted return (merged over all ranks)"""
+    clip_obs: float = 10.0
+    """normalised observations are clipped to [-clip_obs, clip_obs]"""
+    clip_reward: float = 10.0
+    """scaled rewards are clipped to [-clip_reward, clip_reward]"""
+
+    # Distributed
+    grad_sync: Literal["ddp", "flat"] = "ddp"
+    """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
+    backend: Optional[Literal["nccl", "gloo"]] = None
+    """the torch.distributed backend; default NCCL on CUDA, gloo on CPU"""
+    dist_timeout: float = 300.0
+    """seconds a collective may wait for a missing or stalled rank before the job fails"""
+    share_gpus: bool = False
+    """allow more ranks per node than visible GPUs (rank uses cuda:{local_rank % num_gpus})"""
+    sync_check_every: int = 0
+    """every N iterations compare parameter and optimizer checksums across ranks (0 = off)"""
+
+    # Fault tolerance
+    checkpoint_every: int = 25
+    """write checkpoint.pt every N iterations (0 = only at the end and on preemption)"""
+    resume: Optional[str] = None
+    """continue from a run directory or a checkpoint.pt file"""
+
+
+def derive_sizes(args: Args, world_size: int) -> dict:
+    """Global and per-rank sizes from the flags and the world size; raises ValueError on bad input."""
+    for name in ("local_num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    local_batch_size = args.local_num_envs * args.num_steps
+    if local_batch_size % args.num_minibatches != 0:
+        raise ValueError(
+            f"the local batch (--local-num-envs {args.local_num_envs} x --num-steps {args.num_steps} = "
+            f"{local_batch_size}) does not divide into --num-minibatches {args.num_minibatches}"
+        )
+    batch_size = local_batch_size * world_size
+    num_iterations = args.total_timesteps // batch_size
+    if num_iterations < 1:
+        raise ValueError(
+            f"--total-timesteps {args.total_timesteps} is smaller than one iteration's global batch "
+            f"({world_size} ranks x {args.local_num_envs} envs x {args.num_steps} steps = {batch_size})"
+        )
+    return dict(
+        world_size=world_size,
+        num_envs=args.local_num_envs * world_size,
+        local_batch_size=local_batch_size,
+        batch_size=batch_size,
+        local_minibatch_size=local_batch_size // args.num_minibatches,
+        minibatch_size=batch_size // args.num_minibatches,
+        num_iterations=num_iterations,
+    )
+
+
+def make_env(env_id: str):
+    # Only the env itself: observation and reward normalisation are done by the training loop with
+    # statistics shared by all ranks (gymnasium's NormalizeObservation/NormalizeReward keep per-process ones).
+    def thunk():
+        return gym.make(env_id)
+
+    return thunk
+
+
+def check_env(env_id: str) -> None:
+    """Raise ValueError unless `env_id` names a registered env with a Box action and observation space."""
+    try:
+        env = gym.make(env_id)
+    except gym.error.DependencyNotInstalled as e:
+        raise ValueError(f"--env-id {env_id} needs a missing package ({e}); try: pip install -e '.[mujoco]'") from None
+    except Exception as e:  # gymnasium raises several error types for unknown or broken ids
+        raise ValueError(
+            f"unknown --env-id {env_id!r} ({type(e).__name__}); try HalfCheetah-v5, Hopper-v5 or InvertedPendulum-v5"
+        ) from None
+    spaces = env.action_space, env.observation_space
+    env.close()
+    if not isinstance(spaces[0], gym.spaces.Box):
+        raise ValueError(
+            f"--env-id {env_id} has a {type(spaces[0]).__name__} action space; this script needs a Box one "
+            "(use ppo_multigpu.py for discrete actions)"
+        )
+    if not isinstance(spaces[1], gym.spaces.Box):
+        raise ValueError(f"--env-id {env_id} has a {type(spaces[1]).__name__} observation space; this script needs Box")
+
+
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    def __init__(self, obs_dim: int, action_dim: int):
+        super().__init__()
+        self.critic = nn.Sequential(
+            layer_init(nn.Linear(obs_dim, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 1), std=1.0),
+        )
+        self.actor_mean = nn.Sequential(
+            layer_init(nn.Linear(obs_dim, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, action_dim), std=0.01),
+        )
+        # state-independent log standard deviation, one per action dimension (CleanRL's ppo_continuous_action)
+        self.actor_logstd = nn.Parameter(torch.zeros(1, action_dim))
+
+    def get_value(self, x):
+        return self.critic(x)
+
+    def get_action_and_value(self, x, action=None):
+        action_mean = self.actor_mean(x)
+        action_std = self.actor_logstd.expand_as(action_mean).exp()
+        probs = Normal(action_mean, action_std)
+        if action is None:
+            action = probs.sample()
+        return action, probs.log_prob(action).sum(1), probs.entropy().sum(1), self.critic(x)
+
+    def forward(self, x, action):
+        # The loss goes through `forward` so that a DDP wrapper sees it and averages the gradients;
+        # rollout inference calls `get_action_and_value` on the unwrapped agent (no DDP hooks).
+        return self.get_action_and_value(x, action)
+
+
+# ALGO LOGIC: pure functions, imported by the tests
+def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
+    """Generalised advantage estimation over a [num_steps, num_envs] rollout.
+
+    `dones[t]` is 1 when `obs[t]` starts a new episode (CleanRL's convention), `next_done` likewise
+    for the observation after the rollout. Returns (advantages, returns).
+    """
+    num_steps = rewards.shape[0]
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = 0
+    for t in reversed(range(num_steps)):
+        if t == num_steps - 1:
+            nextnonterminal = 1.0 - next_done
+            nextvalues = next_value
+        else:
+            nextnonterminal = 1.0 - dones[t + 1]
+            nextvalues = values[t + 1]
+        delta = rewards[t] + gamma * nextvalues * nextnonterminal - values[t]
+        advantages[t] = lastgaelam = delta + gamma * gae_lambda * nextnonterminal * lastgaelam
+    return advantages, advantages + values
+
+
+def normalize_advantages(adv: torch.Tensor, world_size: int) -> torch.Tensor:
+    """Normalise with the mean and (unbiased) std of the *global* minibatch, all ranks together.
+
+    One all-reduce of (sum, sum of squares, count) in float64, so that a 2-rank update equals the
+    single-process update on the union of the two local minibatches.
+    """
+    a = adv.double()
+    stats = torch.stack([a.sum(), (a * a).sum(), torch.tensor(float(a.numel()), dtype=a.dtype, device=a.device)])
+    if world_size > 1:
+        dist.all_reduce(stats)
+    total, total_sq, n = stats.unbind()
+    mean = total / n
+    var = (total_sq - n * mean * mean) / (n - 1)
+    return ((adv - mean.float()) / (var.clamp_min(0).sqrt().float() + 1e-8)).to(adv.dtype)
+
+
+def ppo_loss(model, mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values, args: Args, world_size):
+    """The clipped PPO loss of one local minibatch, and its stats (detached).
+
+    `model` is the DDP-wrapped agent (or the plain agent with world size 1 or `--grad-sync flat`).
+    """
+    _, newlogprob, entropy, newvalue = model(mb_obs, mb_actions)
+    logratio = newlogprob - mb_logprobs
+    ratio = logratio.exp()
+    with torch.no_grad():
+        # calculate approx_kl http://joschu.net/blog/kl-approx.html
+        old_approx_kl = (-logratio).mean()
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+
+    if args.norm_adv:
+        mb_advantages = normalize_advantages(mb_advantages, world_size)
+
+    # Policy loss
+    pg_loss1 = -mb_advantages * ratio
+    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+    # Value loss
+    newvalue = newvalue.view(-1)
+    if args.clip_vloss:
+        v_loss_unclipped = (newvalue - mb_returns) ** 2
+        v_clipped = mb_values + torch.clamp(newvalue - mb_values, -args.clip_coef, args.clip_coef)
+        v_loss_clipped = (v_clipped - mb_returns) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
+
+    entropy_loss = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+    stats = torch.stack([pg_loss, v_loss, entropy_loss, old_approx_kl, approx_kl, clipfrac]).detach()
+    return loss, stats
+
+
+def all_reduce_gradients_flat(params, world_size: int) -> None:
+    """Average gradients across ranks with one all-reduce of one flat buffer (instead of DDP).
+
+    After cswinter's batched scheme (entity-neural-network/incubator#220), used by CleanRL.
+    """
+    grads = [p.grad for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= world_size
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+class RunningStats:
+    """Count, mean and sum of squared deviations (M2) per feature, in float64, kept equal on all ranks.
+
+    gymnasium's NormalizeObservation/NormalizeReward keep one RunningMeanStd per process: under DDP every
+    rank would normalise with statistics of its own envs only, and the shared network would see differently
+    scaled inputs and rewards on each rank. Here `update` merges the batches of ALL ranks (one all-reduce),
+    so every rank ends with the statistics one process would compute over every rank's samples.
+    """
+
+    def __init__(self, shape=(), device=None):
+        self.shape = tuple(shape)
+        self.count = torch.zeros((), dtype=torch.float64, device=device)
+        self.mean = torch.zeros(self.shape, dtype=torch.float64, device=device)
+        self.m2 = torch.zeros(self.shape, dtype=torch.float64, device=device)
+
+    @property
+    def var(self) -> torch.Tensor:
+        """The population variance (gymnasium's convention); 1 before any sample."""
+        if self.count == 0:
+            return torch.ones_like(self.m2)
+        return self.m2 / self.count
+
+    def update(self, x: torch.Tensor, world_size: int = 1) -> None:
+        """Merge this rank's samples `x` [N, *shape] and, with world_size > 1, every other rank's.
+
+        Call it at the same point on every rank. One all-reduce of (count, sum(x - c), sum((x - c)^2)) in
+        float64, centred on the current mean c (equal on all ranks) against cancellation; then the parallel
+        variance formula (Chan et al., 1979; en.wikipedia.org/wiki/Algorithms_for_calculating_variance).
+        """
+        d = x.to(device=self.mean.device, dtype=torch.float64).reshape((-1,) + self.shape) - self.mean
+        n_local = torch.tensor([float(d.shape[0])], dtype=torch.float64, device=d.device)
+        sums = torch.cat([n_local, d.sum(0).reshape(-1), (d * d).sum(0).reshape(-1)])
+        if world_size > 1:
+            dist.all_reduce(sums)
+        n = sums[0]
+        if n == 0:
+            return
+        s1, s2 = sums[1:].view(2, *self.shape).unbind(0)
+        delta = s1 / n  # the batch mean minus the current mean
+        batch_m2 = s2 - s1 * s1 / n
+        total = self.count + n
+        self.mean = self.mean + delta * n / total
+        self.m2 = self.m2 + batch_m2 + delta * delta * self.count * n / total
+        self.count = total
+
+    def state_dict(self) -> dict:
+        return dict(count=self.count.cpu(), mean=self.mean.cpu(), m2=self.m2.cpu())
+
+    def load_state_dict(self, state: dict) -> None:
+        for name in ("count", "mean", "m2"):
+            setattr(self, name, state[name].to(device=self.mean.device, dtype=torch.float64))
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.count, self.mean, self.m2]
+
+
+def normalize_obs(raw_obs, obs_stats: RunningStats, clip: float) -> torch.Tensor:
+    """(obs - mean) / sqrt(var + 1e-8), clipped to [-clip, clip]; float32 for the network."""
+    x = torch.as_tensor(raw_obs, dtype=torch.float64, device=obs_stats.mean.device)
+    return ((x - obs_stats.mean) / torch.sqrt(obs_stats.var + 1e-8)).clamp(-clip, clip).float()
+
+
+def scale_reward(reward, return_stats: RunningStats, clip: float) -> torch.Tensor:
+    """reward / sqrt(var of the discounted return + 1e-8), clipped (gymnasium's NormalizeReward)."""
+    r = torch.as_tensor(reward, dtype=torch.float64, device=return_stats.mean.device)
+    return (r / torch.sqrt(return_stats.var + 1e-8)).clamp(-clip, clip).float()
+
+
+def state_checksum(agent: nn.Module, optimizer: optim.Optimizer, extra=()) -> torch.Tensor:
+    """A cheap fingerprint of the exact bits of parameters, optimizer state and `extra` tensors (int64 [2])."""
+    total = torch.zeros(2, dtype=torch.int64, device=next(agent.parameters()).device)
+    tensors = list(agent.state_dict().values())
+    for state in optimizer.state_dict()["state"].values():
+        tensors += [v for v in state.values() if torch.is_tensor(v)]
+    tensors += list(extra)
+    for t in tensors:
+        bits = t.detach().reshape(-1).to(total.device)
+        if bits.dtype == torch.float32:
+            bits = bits.view(torch.int32)
+        elif bits.dtype == torch.float64:
+            bits = bits.view(torch.int64)
+        bits = bits.to(torch.int64)
+        total[0] += bits.sum()
+        total[1] += (bits * torch.arange(1, bits.numel() + 1, device=bits.device)).sum()
+    return total
+
+
+def check_replicas_in_sync(agent, optimizer, iteration: int, world_size: int, extra=()) -> None:
+    """Raise RuntimeError on every rank, naming the ranks, if any replica differs from rank 0.
+
+    `extra`: more tensors that must agree (here the normalisation statistics).
+    """
+    local = state_checksum(agent, optimizer, extra)
+    gathered = [torch.zeros_like(local) for _ in range(world_size)]
+    dist.all_gather(gathered, local)
+    bad = [r for r in range(1, world_size) if not torch.equal(gathered[r], gathered[0])]
+    if bad:
+        raise RuntimeError(
+            f"replicas diverged at iteration {iteration}: rank(s) {bad} hold parameters, optimizer state "
+            "or normalisation statistics that differ from rank 0's"
+        )
+
+
+# TRY NOT TO MODIFY: launch, run directory, checkpoints
+class RunError(Exception):
+    """An error the user can fix; printed as one line by rank 0, then exit with `code`."""
+
+    def __init__(self, message: str, code: int = EXIT_BAD_INPUT):
+        super().__init__(message)
+        self.code = code
+
+
+def read_launch_env() -> tuple[int, int, int, int]:
+    """(rank, local_rank, world_size, local_world_size) from torchrun's or SLURM's variables."""
+    env = os.environ
+    if "RANK" in env and "WORLD_SIZE" in env:  # torchrun (or any env:// launcher)
+        rank, world_size = int(env["RANK"]), int(env["WORLD_SIZE"])
+        local_rank = int(env.get("LOCAL_RANK", 0))
+        local_world_size = int(env.get("LOCAL_WORLD_SIZE", 1))
+    elif int(env.get("SLURM_NTASKS", 1)) > 1:  # srun, one task per process
+        rank, world_size = int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"])
+        local_rank = int(env.get("SLURM_LOCALID", 0))
+        local_world_size = int(env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0])
+        for var in ("MASTER_ADDR", "MASTER_PORT"):
+            if var not in env:
+                raise RunError(f"under srun, export {var} (e.g. the first host of the job and a free port)")
+    else:
+        rank, local_rank, world_size, local_world_size = 0, 0, 1, 1
+    return rank, local_rank, world_size, local_world_size
+
+
+def launch_id() -> str:
+    """An id that names this launch and survives torchrun elastic restarts and SLURM requeues."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    if run_id not in ("", "none"):
+        return run_id
+    if "SLURM_JOB_ID" in os.environ:
+        return "slurm" + os.environ["SLURM_JOB_ID"]
+    return str(int(time.time()))
+
+
+def atomic_save(obj, path: str) -> None:
+    """Write `obj` so that a crash at any instant leaves either the old or the new file, never a torn one."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    dir_fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def load_checkpoint(path: str, args: Args) -> dict:
+    """Load and validate a checkpoint of this script and env; raise RunError with the reason."""
+    if os.path.isdir(path):
+        path = os.path.join(path, "checkpoint.pt")
+    if not os.path.isfile(path):
+        raise RunError(f"--resume: no checkpoint at {path}")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:
+        raise RunError(f"--resume: {path} is truncated or corrupt ({type(e).__name__}); it was left as it is")
+    if not isinstance(ckpt, dict) or ckpt.get("script") != SCRIPT:
+        found = ckpt.get("script") if isinstance(ckpt, dict) else type(ckpt).__name__
+        raise RunError(f"--resume: {path} was written by {found!r}, not {SCRIPT}")
+    if ckpt["args"]["env_id"] != args.env_id:
+        raise RunError(f"--resume: {path} trained {ckpt['args']['env_id']}, not --env-id {args.env_id}")
+    return ckpt
+
+
+def rng_states(device: torch.device) -> dict:
+    states = dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state())
+    if device.type == "cuda":
+        states["cuda"] = torch.cuda.get_rng_state(device)
+    return states
+
+
+def set_rng_states(states: dict, device: torch.device) -> None:
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+    if device.type == "cuda" and "cuda" in states:
+        torch.cuda.set_rng_state(states["cuda"], device)
+
+
+def main() -> int:
+    args = tyro.cli(Args)
+    rank, local_rank, world_size, local_world_size = read_launch_env()
+    is_main = rank == 0  # rank-0 decisions use the GLOBAL rank; the device uses the LOCAL rank
+    try:
+        sizes = derive_sizes(args, world_size)
+        check_env(args.env_id)
+        for name in ("checkpoint_every", "sync_check_every"):
+            if getattr(args, name) < 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be 0 (off) or positive")
+    except ValueError as e:
+        raise RunError(str(e))
+    if args.sync_check_every and world_size == 1:
+        args.sync_check_every = 0  # nothing to compare
+
+    # Backend and device: NCCL on CUDA, gloo on CPU
+    use_cuda = args.cuda and torch.cuda.is_available() and args.backend != "gloo"
+    if use_cuda:
+        n_gpus = torch.cuda.device_count()
+        if local_rank >= n_gpus and not args.share_gpus:
+            raise RunError(
+                f"local rank {local_rank} needs cuda:{local_rank} but this node shows {n_gpus} GPU(s); launch "
+                f"at most {n_gpus} processes per node, or pass --share-gpus, or --no-cuda"
+            )
+        device = torch.device("cuda", local_rank % n_gpus)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if args.backend == "nccl" and not use_cuda:
+        raise RunError("--backend nccl needs CUDA; use --backend gloo (or omit it) on CPU")
+    # Each rank gets its share of the cores it may run on (torchrun would otherwise leave 1).
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // local_world_size))
+    if world_size > 1:
+        dist.init_process_group(
+            backend=args.backend or ("nccl" if use_cuda else "gloo"),
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=args.dist_timeout),
+            device_id=device if use_cuda else None,
+        )
+
+    # Run directory, checkpoint to resume from, loggers: rank 0 decides, every rank learns the outcome.
+    setup = None
+    if is_main:
+        try:
+            run_name = args.run_name or f"{args.env_id}__{args.exp_name}__{args.seed}__{launch_id()}"
+            run_dir = os.path.join(args.runs_dir, run_name)
+            resume_from = args.resume
+            if resume_from is None and os.path.isfile(os.path.join(run_dir, "checkpoint.pt")):
+                resume_from = run_dir  # an elastic restart or a requeued job: continue the same run
+            ckpt = load_checkpoint(resume_from, args) if resume_from else None
+            if ckpt is not None:
+                if args.resume:  # continue writing into the directory of the checkpoint
+                    run_dir = args.resume if os.path.isdir(args.resume) else os.path.dirname(args.resume) or "."
+                if ckpt["world_size"] != world_size:
+                    raise RunError(
+                        f"--resume: the checkpoint was written with world size {ckpt['world_size']} (global batch "
+                        f"{ckpt['sizes']['batch_size']}); relaunch with {ckpt['world_size']} processes"
+                    )
+            try:
+                os.makedirs(run_dir, exist_ok=True)
+                probe = os.path.join(run_dir, f".write-test.{os.getpid()}")
+                open(probe, "w").close()
+                os.remove(probe)
+            except OSError as e:
+                raise RunError(f"cannot write to the run directory {run_dir}: {e.strerror}")
+            setup = dict(run_dir=run_dir, ckpt=ckpt)
+        except RunError as e:
+            setup = e
+    if world_size > 1:
+        box = [setup]
+        dist.broadcast_object_list(box, src=0)
+        setup = box[0]
+    if isinstance(setup, RunError):
+        raise setup
+    run_dir, ckpt = setup["run_dir"], setup["ckpt"]
+    start_iteration = ckpt["iteration"] + 1 if ckpt else 1
+    global_step = ckpt["global_step"] if ckpt else 0
+
+    writer = None
+    wandb_run_id = ckpt.get("wandb_run_id") if ckpt else None
+    if is_main:
+        from torch.utils.tensorboard import SummaryWriter
+
+        if args.track:
+            import wandb
+
+            wandb_run_id = wandb_run_id or wandb.util.generate_id()
+            wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                sync_tensorboard=True,
+                config={**vars(args), **sizes},
+                name=os.path.basename(run_dir),
+                id=wandb_run_id,
+                resume="allow",
+                save_code=True,
+            )
+        # purge_step drops events a crashed attempt logged after the checkpoint: no duplicate steps
+        writer = SummaryWriter(run_dir, purge_step=global_step + 1 if ckpt else None)
+        writer.add_text(
+            "hyperparameters",
+            "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in {**vars(args), **sizes}.items()),
+        )
+        print(f"{SCRIPT}: {args.env_id}, run directory {run_dir}")
+        for key, value in sizes.items():
+            print(f"  {key:<22}{value}")
+        dropped = args.total_timesteps - sizes["num_iterations"] * sizes["batch_size"]
+        if dropped:
+            print(f"  ({dropped} steps of --total-timesteps {args.total_timesteps} do not fill an iteration)")
+        if ckpt:
+            print(f"  resuming at iteration {start_iteration}, global step {global_step}")
+
+    # CRUCIAL: every rank starts from the same weights, but steps its own envs with its own seeds and
+    # samples actions from its own stream. Env seeds are global env indices (disjoint across ranks).
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    local_num_envs = args.local_num_envs
+    envs = gym.vector.SyncVectorEnv(
+        [make_env(args.env_id) for _ in range(local_num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+    )
+    obs_shape, action_shape = envs.single_observation_space.shape, envs.single_action_space.shape
+    agent = Agent(int(np.prod(obs_shape)), int(np.prod(action_shape))).to(device)
+    if world_size > 1:
+        for tensor in agent.state_dict().values():  # identical start whichever --grad-sync is used
+            dist.broadcast(tensor, src=0)
+    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    rank_seed = int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0])
+    random.seed(rank_seed)
+    np.random.seed(rank_seed)
+    torch.manual_seed(rank_seed)
+    if ckpt:
+        agent.load_state_dict(ckpt["agent"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        set_rng_states(ckpt["rng"][rank], device)
+    # Normalisation statistics: equal on every rank at all times (they change only in RunningStats.update,
+    # which merges all ranks' samples), checkpointed by rank 0 and restored on resume.
+    obs_stats = RunningStats(obs_shape, device)
+    return_stats = RunningStats((), device)
+    if ckpt:
+        obs_stats.load_state_dict(ckpt["obs_stats"])
+        return_stats.load_state_dict(ckpt["return_stats"])
+    model = agent
+    if world_size > 1 and args.grad_sync == "ddp":
+        model = DDP(agent, device_ids=[device.index] if use_cuda else None)
+
+    # A resumed run seeds its envs past the seeds earlier attempts used (env state is not checkpointed).
+    env_seed0 = args.seed + rank * local_num_envs + (start_iteration - 1) * sizes["num_envs"]
+    next_raw_obs, _ = envs.reset(seed=[env_seed0 + i for i in range(local_num_envs)])
+    action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
+
+    # Preemption: SIGTERM/SIGUSR1 only set a flag; all ranks stop together at the next iteration boundary.
+    stop_signal = []
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, lambda signum, frame: stop_signal.append(signum))
+
+    # ALGO Logic: Storage setup
+    obs = torch.zeros((args.num_steps, local_num_envs) + obs_shape, device=device)  # normalised, as acted on
+    actions = torch.zeros((args.num_steps, local_num_envs) + action_shape, device=device)
+    logprobs = torch.zeros((args.num_steps, local_num_envs), device=device)
+    rewards = torch.zeros((args.num_steps, local_num_envs), device=device)
+    dones = torch.zeros((args.num_steps, local_num_envs), device=device)
+    values = torch.zeros((args.num_steps, local_num_envs), device=device)
+    # this rank's raw samples of the iteration, merged into the global statistics after the rollout
+    raw_obs = torch.zeros((args.num_steps, local_num_envs) + obs_shape, dtype=torch.float64, device=device)
+    raw_returns = torch.zeros((args.num_steps, local_num_envs), dtype=torch.float64, device=device)
+    discounted_return = np.zeros(local_num_envs)  # per env, for reward scaling (not the episodic return)
+    episode_return = np.zeros(local_num_envs)
+    episode_length = np.zeros(local_num_envs, dtype=np.int64)
+    recent_returns = deque(maxlen=100)
+
+    def normalized(raw):
+        if args.norm_obs:
+            return normalize_obs(raw, obs_stats, args.clip_obs)
+        return torch.as_tensor(raw, dtype=torch.float32, device=device)
+
+    next_done = torch.zeros(local_num_envs, device=device)
+    num_iterations = sizes["num_iterations"]
+    sps_window = deque([(time.time(), global_step)], maxlen=11)
+    show_live = is_main and sys.stdout.isatty()
+    exit_code = 0
+    for iteration in range(start_iteration, num_iterations + 1):
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / num_iterations
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+        # sums of finished episodes' returns and lengths, and their count, over this iteration
+        episode_stats = np.zeros(3)
+        for step in range(args.num_steps):
+            global_step += sizes["num_envs"]  # global: all ranks step at once
+            # The statistics stay fixed during the rollout: every obs of the iteration is normalised alike,
+            # on every rank (CleanRL's wrapper updates them per step and per process instead).
+            raw_obs[step] = torch.as_tensor(next_raw_obs, device=device)
+            next_obs = normalized(next_raw_obs)
+            obs[step] = next_obs
+            dones[step] = next_done
+
+            # ALGO LOGIC: action logic (unwrapped agent: inference must not go through DDP)
+            with torch.no_grad():
+                action, logprob, _, value = agent.get_action_and_value(next_obs)
+                values[step] = value.flatten()
+            actions[step] = action
+            logprobs[step] = logprob
+
+            # TRY NOT TO MODIFY: execute the game and log data.
+            # the env gets the action clipped to its bounds; the buffer keeps the sampled one (its logprob)
+            next_raw_obs, reward, terminations, truncations, _ = envs.step(
+                np.clip(action.cpu().numpy(), action_low, action_high)
+            )
+            next_done_np = np.logical_or(terminations, truncations)
+            episode_return += reward
+            episode_length += 1
+            if next_done_np.any():
+                episode_stats += (
+                    episode_return[next_done_np].sum(),
+                    episode_length[next_done_np].sum(),
+                    next_done_np.sum(),
+                )
+                episode_return[next_done_np] = 0
+                episode_length[next_done_np] = 0
+            # reward scaling as gymnasium's NormalizeReward: divide by the std of a discounted return
+            discounted_return = discounted_return * args.gamma + reward
+            raw_returns[step] = torch.as_tensor(discounted_return, device=device)
+            discounted_return[next_done_np] = 0
+            if args.norm_reward:
+                rewards[step] = scale_reward(reward, return_stats, args.clip_reward)
+            else:
+                rewards[step] = torch.as_tensor(reward, dtype=torch.float32, device=device)
+            next_done = torch.as_tensor(next_done_np, dtype=torch.float32, device=device)
+
+        # bootstrap value if not done
+        with torch.no_grad():
+            next_value = agent.get_value(normalized(next_raw_obs)).reshape(1, -1)
+            advantages, returns = compute_gae(
+                rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda
+            )
+
+        # CRUCIAL: the one point per iteration where the normalisation statistics change. Every rank merges
+        # the samples of all ranks (an all-reduce each), so the next rollout normalises identically everywhere.
+        # After the bootstrap value above, which must see the statistics the rollout used.
+        if args.norm_obs:
+            obs_stats.update(raw_obs, world_size)
+        if args.norm_reward:
+            return_stats.update(raw_returns, world_size)
+
+        # flatten the batch
+        b_obs = obs.reshape((-1,) + obs_shape)
+        b_logprobs = logprobs.reshape(-1)
+        b_actions = actions.reshape((-1,) + action_shape)
+        b_advantages = advantages.reshape(-1)
+        b_returns = returns.reshape(-1)
+        b_values = values.reshape(-1)
+
+        # Optimizing the policy and value network. Every rank runs the same number of minibatches:
+        # each minibatch's backward issues the same all-reduces everywhere.
+        local_batch_size, local_minibatch_size = sizes["local_batch_size"], sizes["local_minibatch_size"]
+        loss_stats = torch.zeros(6, device=device)
+        num_updates = 0
+        for _epoch in range(args.update_epochs):
+            b_inds = torch.randperm(local_batch_size, device=device)
+            for start in range(0, local_batch_size, local_minibatch_size):
+                mb_inds = b_inds[start : start + local_minibatch_size]
+                loss, mb_stats = ppo_loss(
+                    model,
+                    b_obs[mb_inds],
+                    b_actions[mb_inds],
+                    b_logprobs[mb_inds],
+                    b_advantages[mb_inds],
+                    b_returns[mb_inds],
+                    b_values[mb_inds],
+                    args,
+                    world_size,
+                )
+                optimizer.zero_grad(set_to_none=False)
+                loss.backward()
+                if world_size > 1 and args.grad_sync == "flat":
+                    all_reduce_gradients_flat(list(agent.parameters()), world_size)
+                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                optimizer.step()
+                loss_stats += mb_stats
+                num_updates += 1
+
+            if args.target_kl is not None:
+                # CRUCIAL: decide from the KL averaged over ranks, so every rank stops after the same epoch
+                kl = mb_stats[4].clone()
+                if world_size > 1:
+                    dist.all_reduce(kl)
+                if kl.item() / world_size > args.target_kl:
+                    break
+
+        # One all-reduce per iteration carries every metric, plus the stop flag of any preempted rank.
+        y_pred, y_true = b_values, b_returns
+        metrics = torch.cat(
+            [
+                loss_stats / num_updates,
+                torch.stack([y_true.sum(), (y_true**2).sum(), (y_true - y_pred).sum(), ((y_true - y_pred) ** 2).sum()]),
+                torch.tensor([*episode_stats, float(bool(stop_signal))], device=device),
+            ]
+        ).double()
+        if world_size > 1:
+            dist.all_reduce(metrics)
+        metrics = metrics.tolist()
+        pg_loss, v_loss, entropy, old_approx_kl, approx_kl, clipfrac = (m / world_size for m in metrics[:6])
+        n = sizes["batch_size"]
+        var_y = metrics[7] / n - (metrics[6] / n) ** 2
+        var_diff = metrics[9] / n - (metrics[8] / n) ** 2
+        explained_var = np.nan if var_y == 0 else 1 - var_diff / var_y
+        ep_return_sum, ep_length_sum, ep_count, stop_votes = metrics[10:14]
+
+        sps_window.append((time.time(), global_step))
+        sps = int((sps_window[-1][1] - sps_window[0][1]) / max(sps_window[-1][0] - sps_window[0][0], 1e-9))
+        if is_main:
+            # TRY NOT TO MODIFY: record rewards for plotting purposes
+            writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+            if ep_count:
+                writer.add_scalar("charts/episodic_return", ep_return_sum / ep_count, global_step)
+                writer.add_scalar("charts/episodic_length", ep_length_sum / ep_count, global_step)
+            writer.add_scalar("charts/episodes", ep_count, global_step)
+            writer.add_scalar("losses/value_loss", v_loss, global_step)
+            writer.add_scalar("losses/policy_loss", pg_loss, global_step)
+            writer.add_scalar("losses/entropy", entropy, global_step)
+            writer.add_scalar("losses/old_approx_kl", old_approx_kl, global_step)
+            writer.add_scalar("losses/approx_kl", approx_kl, global_step)
+            writer.add_scalar("losses/clipfrac", clipfrac, global_step)
+            writer.add_scalar("losses/explained_variance", explained_var, global_step)
+            writer.add_scalar("charts/updates_per_iteration", num_updates, global_step)
+            writer.add_scalar("charts/SPS", sps, global_step)
+            writer.add_scalar("norm/count", obs_stats.count.item(), global_step)
+            writer.add_scalar("norm/obs_std_mean", obs_stats.var.sqrt().mean().item(), global_step)
+            writer.add_scalar("norm/return_std", return_stats.var.sqrt().item(), global_step)
+            if ep_count:
+                recent_returns.append(ep_return_sum / ep_count)
+            line = (
+                f"iter {iteration}/{num_iterations}  step {global_step}  SPS {sps}  "
+                f"return {np.mean(recent_returns) if recent_returns else float('nan'):.1f}"
+            )
+            if show_live:
+                print("\r" + line, end="\n" if iteration == num_iterations else "", flush=True)
+            elif iteration % max(1, num_iterations // 10) == 0 or iteration == num_iterations:
+                print(line, flush=True)
+
+        if args.sync_check_every and iteration % args.sync_check_every == 0:
+            try:
+                check_replicas_in_sync(
+                    agent, optimizer, iteration, world_size, obs_stats.tensors() + return_stats.tensors()
+                )
+            except RuntimeError as e:
+                raise RunError(str(e), EXIT_DIVERGED)
+
+        preempted = stop_votes > 0
+        last = iteration == num_iterations or preempted
+        if last or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
+            all_rng = [None] * world_size
+            if world_size > 1:
+                dist.all_gather_object(all_rng, rng_states(device))
+            else:
+                all_rng = [rng_states(device)]
+            error = None
+            if is_main:
+                ckpt_out = dict(
+                    script=SCRIPT,
+                    args=asdict(args),
+                    sizes=sizes,
+                    world_size=world_size,
+                    iteration=iteration,
+                    global_step=global_step,
+                    agent=agent.state_dict(),
+                    optimizer=optimizer.state_dict(),
+                    obs_stats=obs_stats.state_dict(),
+                    return_stats=return_stats.state_dict(),
+                    rng=all_rng,
+                    wandb_run_id=wandb_run_id,
+                )
+                try:
+                    atomic_save(ckpt_out, os.path.join(run_dir, "checkpoint.pt"))
+                except OSError as e:
+                    error = f"could not write {run_dir}/checkpoint.pt ({e.strerror}); the previous checkpoint is intact"
+            if world_size > 1:
+                box = [error]
+                dist.broadcast_object_list(box, src=0)
+                error = box[0]
+            if error:
+                raise RunError(error, EXIT_BAD_INPUT)
+        if preempted:
+            if is_main:
+                print(
+                    f"\n{SCRIPT}: preempted by a signal at iteration {iteration} (global step {global_step}); "
+                    f"checkpoint saved in {run_dir}; relaunch with --resume {run_dir} to continue",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            exit_code = EXIT_PREEMPTED
+            break
+
+    envs.close()
+    if is_main:
+        writer.close()
+        if args.track:
+            import wandb
+
+            wandb.finish(exit_code=exit_code)
+    return exit_code
+
+
+if __name__ == "__main__":
+    exit_code = 1
+    try:
+        exit_code = main()
+    except RunError as e:
+        if int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0))) == 0:
+            print(f"{SCRIPT}: error: {e}", file=sys.stderr, flush=True)
+        exit_code = e.code
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    sys.exit(exit_code)

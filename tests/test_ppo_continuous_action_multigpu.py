@@ -1,0 +1,143 @@
+"""ppo_continuous_action_multigpu.py: normalisation statistics that agree across ranks, runs at world sizes
+1 and 2 on MuJoCo, resume of the statistics, bad input, and learning InvertedPendulum."""
+
+import json
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from helpers import assert_one_line_error, launch, only_run_dir, read_scalars
+
+from cleanrl_ddp.ppo_continuous_action_multigpu import Agent, RunningStats, normalize_obs, state_checksum
+
+pytest.importorskip("mujoco", reason='needs the mujoco extra: pip install -e ".[test,mujoco]"')
+
+SCRIPT = "ppo_continuous_action_multigpu.py"
+TINY = ["--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "2"]
+WORKER = Path(__file__).with_name("continuous_stats_worker.py")
+
+
+def test_running_stats_match_numpy_in_one_process():
+    rng = np.random.default_rng(0)
+    stats = RunningStats((2,))
+    assert torch.equal(stats.var, torch.ones(2))  # before any sample: identity normalisation
+    chunks = [rng.normal([100.0, -3.0], [0.01, 4.0], size=(n, 2)) for n in (1, 7, 300, 2)]
+    for chunk in chunks:
+        stats.update(torch.as_tensor(chunk))
+    ref = np.concatenate(chunks)
+    assert stats.count.item() == len(ref)
+    np.testing.assert_allclose(stats.mean.numpy(), ref.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(stats.var.numpy(), ref.var(0), rtol=1e-9)  # feature 0: mean/std = 1e4
+    normalized = normalize_obs(ref, stats, clip=10.0)
+    assert normalized.dtype == torch.float32
+    np.testing.assert_allclose(normalized.mean(0), 0.0, atol=1e-4)
+
+
+def test_checksum_sees_the_statistics():
+    agent, stats = Agent(3, 1), RunningStats((3,))
+    optimizer = torch.optim.Adam(agent.parameters())
+    stats.update(torch.randn(10, 3, dtype=torch.float64))
+    before = state_checksum(agent, optimizer, stats.tensors())
+    stats.m2[1] = torch.nextafter(stats.m2[1], torch.tensor(np.inf, dtype=torch.float64))  # one bit
+    assert not torch.equal(before, state_checksum(agent, optimizer, stats.tensors()))
+
+
+def test_global_statistics_equal_one_process_over_all_ranks(tmp_path):
+    out = tmp_path / "stats.json"
+    proc = launch(WORKER, [out], nproc=2, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    assert result["identical"]  # bit-identical on both ranks after every iteration
+    assert result["max_rel_error"] < 1e-12, result
+    assert result["counts"] == [117, 244, 381, 528]  # (50 + 67) + (55 + 72) + ...: both ranks' samples
+
+
+@pytest.mark.parametrize("nproc", [0, 2], ids=["python", "torchrun-2"])
+def test_halfcheetah_runs_with_global_statistics(tmp_path, nproc):
+    world = max(nproc, 1)
+    iterations = 3
+    total = iterations * world * 64
+    # --sync-check-every 1: the job exits 3 if parameters, optimizer state or statistics differ across ranks
+    args = [*TINY, "--total-timesteps", total, "--runs-dir", tmp_path, "--sync-check-every", 1]
+    proc = launch(SCRIPT, args, nproc=nproc, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dir = only_run_dir(tmp_path)
+    assert "HalfCheetah-v5" in run_dir.name
+    scalars = read_scalars(run_dir)
+    steps = [s for s, _ in scalars["losses/value_loss"]]
+    assert steps == [i * world * 64 for i in range(1, iterations + 1)]  # global steps, one per update
+    assert all(v == 2 * 2 for _, v in scalars["charts/updates_per_iteration"])
+    # the statistics count every rank's samples, not one rank's
+    assert [v for _, v in scalars["norm/count"]] == steps
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert ckpt["obs_stats"]["count"].item() == ckpt["return_stats"]["count"].item() == total
+    assert ckpt["obs_stats"]["mean"].shape == (17,)
+    assert all(np.isfinite(v) for _, v in scalars["norm/return_std"])
+
+
+def test_resume_restores_the_statistics(tmp_path):
+    common = [*TINY, "--env-id", "InvertedPendulum-v5", "--runs-dir", tmp_path]
+    proc = launch(SCRIPT, [*common, "--total-timesteps", 128], nproc=0, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dir = only_run_dir(tmp_path)
+    first = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    proc = launch(SCRIPT, [*common, "--total-timesteps", 256, "--resume", run_dir], nproc=0, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "resuming at iteration 3" in proc.stdout
+    second = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert first["obs_stats"]["count"].item() == 128
+    assert second["obs_stats"]["count"].item() == 256  # 128 restored + 128 new, not 128 from scratch
+    assert second["return_stats"]["count"].item() == 256
+
+
+def test_discrete_env_is_one_clear_line(tmp_path):
+    proc = launch(SCRIPT, ["--env-id", "CartPole-v1", "--runs-dir", tmp_path], nproc=0, timeout=60)
+    assert_one_line_error(proc, "Discrete action space", SCRIPT)
+    assert not any(tmp_path.iterdir())
+
+
+def evaluate(checkpoint: Path, episodes: int) -> list[float]:
+    """Returns of the mean action, with the observations normalised by the checkpoint's statistics."""
+    ckpt = torch.load(checkpoint, weights_only=False)
+    env = gym.make(ckpt["args"]["env_id"])
+    agent = Agent(env.observation_space.shape[0], env.action_space.shape[0])
+    agent.load_state_dict(ckpt["agent"])
+    obs_stats = RunningStats(env.observation_space.shape)
+    obs_stats.load_state_dict(ckpt["obs_stats"])
+    returns = []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=10_000 + episode)
+        total, done = 0.0, False
+        while not done:
+            with torch.no_grad():
+                mean_action = agent.actor_mean(normalize_obs(obs[None], obs_stats, ckpt["args"]["clip_obs"]))
+            obs, reward, terminated, truncated, _ = env.step(
+                np.clip(mean_action[0].numpy(), env.action_space.low, env.action_space.high)
+            )
+            total += reward
+            done = terminated or truncated
+        returns.append(total)
+    return returns
+
+
+def test_learns_inverted_pendulum_with_two_ranks(tmp_path):
+    args = [
+        "--env-id", "InvertedPendulum-v5",
+        "--total-timesteps", 60_000,
+        "--local-num-envs", 4,
+        "--num-steps", 256,
+        "--num-minibatches", 8,
+        "--learning-rate", 1e-3,
+        "--runs-dir", tmp_path,
+        "--checkpoint-every", 0,
+    ]  # fmt: skip
+    proc = launch(SCRIPT, args, nproc=2, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dir = only_run_dir(tmp_path)
+    returns = [v for _, v in read_scalars(run_dir)["charts/episodic_return"]]
+    recent = np.convolve(returns, np.ones(5) / 5, mode="valid")  # mean over 5 iterations' episodes
+    assert recent.max() > 500, f"best recent mean return {recent.max():.1f} (max 1000)"
+    # the trained policy, evaluated with the run's global statistics, balances too
+    assert np.mean(evaluate(run_dir / "checkpoint.pt", episodes=2)) > 500
