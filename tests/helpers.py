@@ -2,9 +2,11 @@
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from benchmark.events import event_files, read_scalar_events, read_scalars  # noqa: F401 (re-exported)
@@ -18,13 +20,8 @@ def script_path(script: str) -> str:
     return str(SCRIPTS / script)
 
 
-def launch(script, args=(), nproc=1, timeout=300, env=None, torchrun_args=None, cwd=None, wrapper=()):
-    """Run `script` with `args`: plain python when nproc == 0, else `torchrun --standalone`.
-
-    `wrapper` (a program and its leading arguments, e.g. tests/dist_worker.py) is launched instead,
-    with the script's path and `args` after its own. Returns the CompletedProcess (text, stdout and
-    stderr captured). Never waits past `timeout`.
-    """
+def command(script, args=(), nproc=1, env=None, torchrun_args=None, wrapper=()) -> tuple[list[str], dict]:
+    """The command line and environment that `launch` and `start` run."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline", **(env or {})}
     program = [*(str(w) for w in wrapper), script_path(script)]
     if nproc == 0:
@@ -32,8 +29,66 @@ def launch(script, args=(), nproc=1, timeout=300, env=None, torchrun_args=None, 
     else:
         launcher = ["--standalone", f"--nproc_per_node={nproc}"] if torchrun_args is None else torchrun_args
         cmd = [*TORCHRUN, *launcher, *program]
-    cmd += [str(a) for a in args]
+    return cmd + [str(a) for a in args], full_env
+
+
+def launch(script, args=(), nproc=1, timeout=300, env=None, torchrun_args=None, cwd=None, wrapper=()):
+    """Run `script` with `args`: plain python when nproc == 0, else `torchrun --standalone`.
+
+    `wrapper` (a program and its leading arguments, e.g. tests/dist_worker.py) is launched instead,
+    with the script's path and `args` after its own. Returns the CompletedProcess (text, stdout and
+    stderr captured). Never waits past `timeout`.
+    """
+    cmd, full_env = command(script, args, nproc, env, torchrun_args, wrapper)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd or REPO)
+
+
+def start(script, args=(), nproc=1, env=None, torchrun_args=None, cwd=None, **popen_kwargs) -> subprocess.Popen:
+    """Start `script` like `launch` but return at once, in its own process group (for fault injection).
+
+    Finish with `finish(proc, timeout)`, which never waits past `timeout` and kills the whole group.
+    """
+    cmd, full_env = command(script, args, nproc, env, torchrun_args)
+    return subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=full_env,
+        cwd=cwd or REPO,
+        start_new_session=True,
+        **popen_kwargs,
+    )
+
+
+def finish(proc: subprocess.Popen, timeout: float) -> subprocess.CompletedProcess:
+    """Wait for a `start`ed process; past `timeout`, kill its process group and fail."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"still running after {timeout} s:\n{out}\n{err}") from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def child_pids(pid: int) -> list[int]:
+    """The direct children of process `pid` (torchrun's workers, in local-rank order)."""
+    children = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children += [int(c) for c in (task / "children").read_text().split()]
+    return sorted(children)
+
+
+def wait_until(condition, timeout: float, proc: subprocess.Popen | None = None, what: str = "condition") -> None:
+    """Poll `condition()` until true; fail after `timeout` s, or at once if `proc` exited first."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"exited ({proc.returncode}) before {what}:\n{proc.communicate()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {timeout} s")
+        time.sleep(0.05)
 
 
 def free_port() -> int:
