@@ -1,0 +1,304 @@
+"""What `torchrun` launches for tests/test_distributed_correctness.py, and the table of scripts it covers.
+
+    torchrun ... tests/dist_worker.py unit    OUTDIR cleanrl_ddp/<script>.py
+    torchrun ... tests/dist_worker.py observe OUTDIR cleanrl_ddp/<script>.py [script flags...]
+    torchrun ... tests/dist_worker.py diverge OUTDIR cleanrl_ddp/<script>.py [script flags...]
+
+`unit` imports the script's own Agent, ppo_loss, all_reduce_gradients_flat and check_replicas_in_sync and
+compares one distributed update with the single-process update on the union of the local minibatches.
+`observe` runs the real script unchanged (runpy, as `__main__`) and records from outside what every
+rank did: env seeds, env steps, sampled actions, RNG streams, optimizer steps, parameters before the
+first update, final parameters and optimizer state, files opened for writing. `diverge` does the same and nudges
+one parameter on rank 1 after its second optimizer step, for `--sync-check-every` to catch.
+Each rank writes OUTDIR/rank{R}.pt (observe, diverge) or OUTDIR/unit_rank{R}.json (unit).
+"""
+
+import copy
+import hashlib
+import importlib.util
+import json
+import os
+import random
+import runpy
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+
+@dataclass
+class ScriptSpec:
+    """How the tests drive one script: one entry per script in `SCRIPTS` below."""
+
+    script: str
+    make_agent: Callable
+    """module -> an Agent, built the way the script builds it"""
+    make_obs: Callable
+    """(n, torch.Generator) -> a batch of n observations the agent accepts"""
+    tiny: list = field(default_factory=list)
+    """flags for the smallest whole-script run that still does several updates per iteration"""
+    local_batch: int = 0
+    """local_num_envs x num_steps under `tiny`"""
+    target_kl: list = field(default_factory=list)
+    """flags under which the per-rank (local) KLs cross --target-kl at different epochs"""
+
+
+SCRIPTS = {
+    spec.script: spec
+    for spec in [
+        ScriptSpec(
+            "ppo_multigpu.py",
+            make_agent=lambda m: m.Agent(4, 2),
+            make_obs=lambda n, g: torch.randn(n, 4, generator=g),
+            tiny=["--local-num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "2"],
+            local_batch=32,
+            target_kl=["--update-epochs", "8", "--learning-rate", "0.01", "--target-kl", "0.003"],
+        ),
+        ScriptSpec(
+            "ppo_atari_multigpu.py",  # uint8 frames, NCHW view of an NHWC buffer as in the script
+            make_agent=lambda m: m.Agent(4),
+            make_obs=lambda n, g: torch.randint(0, 256, (n, 84, 84, 4), generator=g, dtype=torch.uint8).permute(
+                0, 3, 1, 2
+            ),
+            tiny=["--local-num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "2"],
+            local_batch=32,
+            target_kl=["--update-epochs", "8", "--learning-rate", "0.01", "--target-kl", "0.02"],
+        ),
+        ScriptSpec(
+            "ppo_continuous_action_multigpu.py",  # HalfCheetah-v5: 17 observations, 6 actions
+            make_agent=lambda m: m.Agent(17, 6),
+            make_obs=lambda n, g: torch.randn(n, 17, generator=g),
+            tiny=["--local-num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "2"],
+            local_batch=32,
+            target_kl=["--update-epochs", "8", "--learning-rate", "0.01", "--target-kl", "0.003"],
+        ),
+    ]
+}
+
+
+def flat_params(params) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in params]).clone()
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
+# ---------------------------------------------------------------------------------------------- unit
+def unit(outdir: Path, script_path: str) -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    # import the very file under test (not whatever `cleanrl_ddp` package is installed)
+    module_spec = importlib.util.spec_from_file_location(Path(script_path).stem, script_path)
+    mod = sys.modules[module_spec.name] = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(mod)
+    spec = SCRIPTS[Path(script_path).name]
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    args = mod.Args()
+    assert args.norm_adv, "the equivalence must hold with advantage normalisation on"
+
+    # One global batch, the same on every rank; rank r's minibatch k is slice r of global minibatch k.
+    torch.manual_seed(0)
+    agent0 = spec.make_agent(mod)
+    local_mb, num_updates = 8, 3
+    n = num_updates * world_size * local_mb
+    g = torch.Generator().manual_seed(1)
+    obs = spec.make_obs(n, g)
+    with torch.no_grad():
+        actions, logprobs, _, values = agent0.get_action_and_value(obs)
+    logprobs = logprobs + 0.3 * torch.randn(logprobs.shape, generator=g)  # ratios != 1: clipping is exercised
+    values = values.reshape(-1)
+    advantages = 2.0 * torch.randn(n, generator=g) + 0.5  # not yet normalised: ppo_loss normalises
+    returns = values + torch.randn(n, generator=g)
+    batch = (obs, actions, logprobs, advantages, returns, values)
+
+    def run(grad_sync: str, distributed: bool):
+        """`num_updates` updates the way the script makes them; returns (grads before clipping, final params)."""
+        agent = copy.deepcopy(agent0)
+        model = DDP(agent) if distributed and grad_sync == "ddp" else agent
+        optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+        grads = []
+        for k in range(num_updates):
+            rows = slice(k * world_size * local_mb, (k + 1) * world_size * local_mb)  # the global minibatch
+            if distributed:
+                start = k * world_size * local_mb + rank * local_mb
+                rows = slice(start, start + local_mb)
+            loss, _ = mod.ppo_loss(model, *(t[rows] for t in batch), args, world_size if distributed else 1)
+            optimizer.zero_grad(set_to_none=False)
+            loss.backward()
+            if distributed and grad_sync == "flat":
+                mod.all_reduce_gradients_flat(list(agent.parameters()), world_size)
+            grads.append(flat_params(p.grad for p in agent.parameters()))
+            torch.nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+            optimizer.step()
+        return grads, flat_params(agent.parameters()), agent, optimizer
+
+    ref_grads, ref_params, _, _ = run("ddp", distributed=False)
+    start = flat_params(agent0.parameters())
+    out = dict(rank=rank, world_size=world_size)
+    finals = {}
+    for grad_sync in ("ddp", "flat"):
+        grads, params, agent, optimizer = run(grad_sync, distributed=True)
+        finals[grad_sync] = params
+        out[f"{grad_sync}_grad_rel_err"] = [rel_err(a, b) for a, b in zip(grads, ref_grads, strict=True)]
+        # compare the change made by the updates, not the parameters (which barely move)
+        out[f"{grad_sync}_update_rel_err"] = rel_err(params - start, ref_params - start)
+        out[f"{grad_sync}_moved"] = float((ref_params - start).norm())
+    out["ddp_vs_flat_update_rel_err"] = rel_err(finals["ddp"] - start, finals["flat"] - start)
+    out["ddp_vs_flat_max_abs_diff"] = float((finals["ddp"] - finals["flat"]).abs().max())
+
+    # --sync-check-every: in-sync replicas pass; one ulp of one parameter, or of Adam's state, on rank 1 is caught.
+    def sync_check_message():
+        try:
+            mod.check_replicas_in_sync(agent, optimizer, 7, world_size)
+        except RuntimeError as e:
+            return str(e)
+        return None
+
+    out["sync_check_in_sync"] = sync_check_message()
+    p = next(agent.parameters())
+    exp_avg = optimizer.state[p]["exp_avg"]
+    for name, tensor in (("param", p.data), ("exp_avg", exp_avg)):
+        saved = tensor.clone()
+        if rank == 1:
+            first = (0,) * tensor.dim()
+            tensor[first] = torch.nextafter(tensor[first], torch.tensor(float("inf")))
+        out[f"sync_check_{name}_nudged"] = sync_check_message()
+        tensor.copy_(saved)
+    out["sync_check_restored"] = sync_check_message()
+    (outdir / f"unit_rank{rank}.json").write_text(json.dumps(out, indent=1))
+    dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------------------------------- observe
+def digest(*arrays) -> str:
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()[:16]
+
+
+def observe(outdir: Path, script_path: str, script_args: list, nudge_after_step: int = 0) -> None:
+    """Run the script as `__main__` with recording wrappers around library calls; the script is not modified."""
+    rank = int(os.environ.get("RANK", 0))
+    rec = dict(
+        env={k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RUN_ID")},
+        reset_seeds=[],
+        env_steps=0,
+        actions=[],
+        rng_at_first_step=None,
+        optimizer_steps=0,
+        params_before_first_update=None,
+        files_written=[],
+        summary_writers=[],
+        dist_rank=None,
+        exit_code=None,
+    )
+    optimizers = []
+
+    def wrap_vector_env(cls):
+        reset, step = cls.reset, cls.step
+
+        def recording_reset(self, *a, seed=None, **kw):
+            seeds = [seed + i for i in range(self.num_envs)] if isinstance(seed, int) else seed
+            rec["reset_seeds"].append(None if seeds is None else [int(s) for s in seeds])
+            return reset(self, *a, seed=seed, **kw)
+
+        def recording_step(self, actions):
+            if rec["rng_at_first_step"] is None:
+                import torch.distributed as dist
+
+                rec["dist_rank"] = dist.get_rank() if dist.is_initialized() else None
+                rec["rng_at_first_step"] = dict(
+                    torch=digest(torch.get_rng_state().numpy()),
+                    numpy=digest(np.random.get_state()[1]),
+                    python=digest(np.array(random.getstate()[1])),
+                )
+            rec["env_steps"] += self.num_envs
+            if len(rec["actions"]) < 256:
+                rec["actions"] += np.asarray(actions).reshape(self.num_envs, -1).tolist()
+            return step(self, actions)
+
+        cls.reset, cls.step = recording_reset, recording_step
+
+    vector_envs = [gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv]
+    try:
+        from ale_py.vector_env import AtariVectorEnv
+
+        vector_envs.append(AtariVectorEnv)
+    except ImportError:
+        pass
+    for cls in vector_envs:
+        wrap_vector_env(cls)
+
+    def before_step(optimizer, a, kw):
+        if optimizer not in optimizers:
+            optimizers.append(optimizer)
+        if rec["params_before_first_update"] is None:
+            rec["params_before_first_update"] = flat_params(p for g in optimizer.param_groups for p in g["params"])
+
+    def after_step(optimizer, a, kw):
+        rec["optimizer_steps"] += 1
+        if nudge_after_step and rank == 1 and rec["optimizer_steps"] == nudge_after_step:
+            with torch.no_grad():
+                p = optimizer.param_groups[0]["params"][0]
+                p[(0,) * p.dim()] += 1e-3
+
+    register_optimizer_step_pre_hook(before_step)
+    register_optimizer_step_post_hook(after_step)
+
+    import builtins
+
+    def recording_open(file, mode="r", *a, **kw):
+        if isinstance(file, (str, os.PathLike)) and any(c in mode for c in "wax+"):
+            rec["files_written"].append(os.path.abspath(file))
+        return builtin_open(file, mode, *a, **kw)
+
+    def recording_replace(src, dst, *a, **kw):
+        rec["files_written"].append(os.path.abspath(dst))
+        return os_replace(src, dst, *a, **kw)
+
+    builtin_open, os_replace = builtins.open, os.replace
+    builtins.open, os.replace = recording_open, recording_replace
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer_init = SummaryWriter.__init__
+
+    def recording_writer_init(self, log_dir=None, *a, **kw):
+        rec["summary_writers"].append(str(log_dir))
+        writer_init(self, log_dir, *a, **kw)
+
+    SummaryWriter.__init__ = recording_writer_init
+
+    sys.argv = [script_path, *script_args]
+    try:
+        runpy.run_path(script_path, run_name="__main__")
+        rec["exit_code"] = 0
+    except SystemExit as e:
+        rec["exit_code"] = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        raise
+    finally:
+        if optimizers:
+            opt = optimizers[0]
+            rec["final_params"] = flat_params(p for g in opt.param_groups for p in g["params"])
+            rec["final_optimizer"] = copy.deepcopy(opt.state_dict())
+        builtins.open, os.replace = builtin_open, os_replace
+        torch.save(rec, outdir / f"rank{rank}.pt")
+
+
+if __name__ == "__main__":
+    mode, outdir, script_path, *script_args = sys.argv[1:]
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    if mode == "unit":
+        unit(outdir, script_path)
+    else:
+        observe(outdir, script_path, script_args, nudge_after_step=2 if mode == "diverge" else 0)

@@ -1,0 +1,239 @@
+"""The nine distributed guarantees of docs/correctness.md, proven for every script in `SCRIPTS`.
+
+Two kinds of test, both on CPU with gloo and the real `torchrun`:
+- unit: tests/dist_worker.py imports the script's own Agent, ppo_loss, all_reduce_gradients_flat and
+  check_replicas_in_sync and compares a 2-rank update with the single-process one (guarantees 3, 4);
+- whole script: tests/dist_worker.py runs the unchanged script under `torchrun` and records from
+  outside what every rank did (guarantees 1, 2, 5-9).
+A new script is covered by adding one `ScriptSpec` to `SCRIPTS` in tests/dist_worker.py.
+"""
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+from dist_worker import SCRIPTS
+from helpers import REPO, assert_one_line_error, free_port, launch, only_run_dir, read_scalars
+
+WORKER = REPO / "tests" / "dist_worker.py"
+TIMEOUT = 240  # seconds per launch; a hang (e.g. ranks issuing different collectives) fails the test
+COMMON = ["--dist-timeout", "60", "--seed", "7"]  # a desynchronised collective errors out within a minute
+
+
+def load_ranks(outdir: Path, world_size: int) -> list[dict]:
+    files = sorted(outdir.glob("rank*.pt"))
+    assert len(files) == world_size, files
+    return [torch.load(outdir / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
+
+
+def observe(spec, outdir: Path, nproc: int, flags, mode="observe", **kw):
+    """Run the script unchanged under `torchrun` with the recording wrapper; each rank writes outdir/rank{R}.pt."""
+    flags = [*spec.tiny, *COMMON, "--runs-dir", outdir / "runs", *flags]
+    return launch(spec.script, flags, nproc=nproc, timeout=TIMEOUT, wrapper=[WORKER, mode, outdir], **kw)
+
+
+class Run:
+    """One instrumented whole-script run (world size, gradient path), read back once for several tests."""
+
+    def __init__(self, spec, grad_sync: str, nproc: int, outdir: Path, two_nodes: bool = False):
+        self.spec, self.world_size, self.iterations = spec, nproc, {2: 6, 3: 4}[nproc]
+        self.batch_size = nproc * spec.local_batch
+        self.total = self.iterations * self.batch_size + self.batch_size // 2 + 3  # not a multiple of the batch
+        flags = ["--grad-sync", grad_sync, "--total-timesteps", self.total, "--sync-check-every", "1"]
+        flags += ["--torch-deterministic"]
+        self.flags = flags
+        if two_nodes:  # two torchrun launches, one process each, meeting at a static rendezvous
+            port = free_port()
+
+            def node(node_rank):
+                torchrun = ["--nnodes=2", "--nproc_per_node=1", f"--node_rank={node_rank}"]
+                torchrun += ["--master_addr=127.0.0.1", f"--master_port={port}"]
+                return observe(spec, outdir, 2, flags, torchrun_args=torchrun)
+
+            with ThreadPoolExecutor(2) as pool:
+                self.procs = list(pool.map(node, [0, 1]))
+        else:
+            self.procs = [observe(spec, outdir, nproc, flags)]
+        self.ranks = load_ranks(outdir, nproc)  # written also when the run fails
+        self.runs_dir = outdir / "runs"
+
+    def assert_finished(self):
+        for proc in self.procs:
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+        self.run_dir = only_run_dir(self.runs_dir)
+        return self
+
+
+_runs = {}
+
+
+def get_run(tmp_path_factory, script, grad_sync="ddp", nproc=2, two_nodes=False) -> Run:
+    """Each configuration runs once per session; several tests read the same run."""
+    key = (script, grad_sync, nproc, two_nodes)
+    if key not in _runs:
+        name = f"{script[:-3]}-{grad_sync}-{nproc}" + ("-two-nodes" if two_nodes else "")
+        _runs[key] = Run(SCRIPTS[script], grad_sync, nproc, tmp_path_factory.mktemp(name), two_nodes)
+    return _runs[key]
+
+
+RUNS = [(script, grad_sync, nproc) for script in SCRIPTS for grad_sync, nproc in (("ddp", 2), ("flat", 3))]
+
+
+@pytest.fixture(params=RUNS, ids=[f"{s[:-3]}-{g}-{n}ranks" for s, g, n in RUNS])
+def run(request, tmp_path_factory):
+    return get_run(tmp_path_factory, *request.param)
+
+
+@pytest.fixture(scope="module", params=list(SCRIPTS), ids=[s[:-3] for s in SCRIPTS])
+def unit(request, tmp_path_factory):
+    """The unit-level worker on 2 ranks: a list of per-rank result dicts."""
+    outdir = tmp_path_factory.mktemp(f"unit-{request.param[:-3]}")
+    proc = launch(request.param, nproc=2, timeout=TIMEOUT, wrapper=[WORKER, "unit", outdir])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return [json.loads((outdir / f"unit_rank{r}.json").read_text()) for r in range(2)]
+
+
+PER_SCRIPT = dict(argnames="script", argvalues=list(SCRIPTS), ids=[s[:-3] for s in SCRIPTS])
+
+
+def assert_all_equal(tensors, what):
+    for r, t in enumerate(tensors[1:], start=1):
+        assert torch.equal(t, tensors[0]), (
+            f"{what}: rank {r} differs from rank 0 (max abs diff {(t - tensors[0]).abs().max()})"
+        )
+
+
+def assert_state_dicts_equal(a, b, what):
+    assert a.keys() == b.keys(), what
+    for key in a:
+        if isinstance(a[key], dict):
+            assert_state_dicts_equal(a[key], b[key], f"{what}[{key}]")
+        elif torch.is_tensor(a[key]):
+            assert torch.equal(a[key], b[key]), f"{what}[{key}] differs"
+        else:
+            assert a[key] == b[key], f"{what}[{key}]: {a[key]} != {b[key]}"
+
+
+# 1. Same start
+def test_same_start(run):
+    assert_all_equal([r["params_before_first_update"] for r in run.ranks], "parameters before the first update")
+
+
+# 2. No drift
+def test_no_drift(run):
+    steps = [r["optimizer_steps"] for r in run.ranks]
+    assert len(set(steps)) == 1, steps
+    assert_all_equal([r["final_params"] for r in run.ranks], "final parameters")
+    for r in run.ranks[1:]:
+        assert_state_dicts_equal(r["final_optimizer"], run.ranks[0]["final_optimizer"], "optimizer state")
+    run.assert_finished()  # and --sync-check-every 1 found no difference at any iteration
+    assert steps[0] >= 16, steps  # many updates
+    assert not torch.equal(run.ranks[0]["final_params"], run.ranks[0]["params_before_first_update"])
+
+
+# 3. Equivalence: 2 ranks with their local minibatches == 1 process on the union
+@pytest.mark.parametrize("grad_sync", ["ddp", "flat"])
+def test_equivalence_with_single_process(unit, grad_sync):
+    for r in unit:
+        assert r["world_size"] == 2 and r[f"{grad_sync}_moved"] > 1e-3
+        assert max(r[f"{grad_sync}_grad_rel_err"]) < 1e-5, r  # averaged gradient of each of 3 minibatches
+        assert r[f"{grad_sync}_update_rel_err"] < 1e-5, r  # parameter change after 3 clipped Adam steps
+
+
+# 4. Paths agree
+def test_ddp_and_flat_paths_agree(unit):
+    for r in unit:
+        assert r["ddp_vs_flat_update_rel_err"] < 1e-6, r
+
+
+# --sync-check-every: the checksum comparison names the diverged rank, for parameters and optimizer state
+def test_sync_check_names_the_diverged_rank(unit):
+    for r in unit:
+        assert r["sync_check_in_sync"] is None and r["sync_check_restored"] is None, r
+        for what in ("param", "exp_avg"):  # one ulp of one number on rank 1
+            message = r[f"sync_check_{what}_nudged"] or f"one ulp of {what} on rank 1 went unnoticed"
+            assert message.startswith("replicas diverged at iteration 7: rank(s) [1] "), message
+
+
+@pytest.mark.parametrize(**PER_SCRIPT)
+def test_sync_check_stops_a_diverged_run(tmp_path, script):
+    """A parameter nudged on rank 1 after its 2nd optimizer step (iteration 1) stops the run at iteration 2."""
+    spec = SCRIPTS[script]
+    flags = ["--total-timesteps", 4 * 2 * spec.local_batch, "--sync-check-every", "2"]
+    proc = observe(spec, tmp_path, 2, flags, mode="diverge")
+    assert_one_line_error(proc, r"replicas diverged at iteration 2: rank\(s\) \[1\]", script)
+    assert [r["exit_code"] for r in load_ranks(tmp_path, 2)] == [3, 3]
+
+
+# 5. Different data
+def test_different_data(run):
+    seeds = [s for r in run.ranks for reset in r["reset_seeds"] for s in reset]
+    assert None not in seeds and len(seeds) == len(set(seeds)), [r["reset_seeds"] for r in run.ranks]
+    local_envs = int(run.spec.tiny[run.spec.tiny.index("--local-num-envs") + 1])
+    assert len(seeds) >= run.world_size * local_envs  # every env of every rank was seeded
+    for stream in ("torch", "numpy", "python"):
+        states = [r["rng_at_first_step"][stream] for r in run.ranks]
+        assert len(set(states)) == run.world_size, f"{stream} sampling streams shared between ranks: {states}"
+    actions = [tuple(map(tuple, r["actions"])) for r in run.ranks]
+    assert len(set(actions)) == run.world_size, "two ranks sampled the same actions"
+
+
+# 6. Global accounting
+def test_global_accounting(run):
+    run.assert_finished()
+    consumed = sum(r["env_steps"] for r in run.ranks)
+    assert [r["env_steps"] for r in run.ranks] == [consumed // run.world_size] * run.world_size
+    assert consumed == run.iterations * run.batch_size <= run.total
+    scalars = read_scalars(run.run_dir)
+    assert max(step for events in scalars.values() for step, _ in events) == consumed
+    ckpt = torch.load(run.run_dir / "checkpoint.pt", weights_only=False)
+    assert ckpt["global_step"] == consumed and ckpt["iteration"] == run.iterations
+
+
+# 7. Same schedule under --target-kl
+@pytest.mark.parametrize(**PER_SCRIPT)
+def test_same_schedule_under_target_kl(tmp_path, script):
+    spec = SCRIPTS[script]
+    iterations = 4
+    flags = ["--total-timesteps", iterations * 2 * spec.local_batch, *spec.target_kl]
+    proc = observe(spec, tmp_path, 2, flags)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ranks = load_ranks(tmp_path, 2)
+    steps = [r["optimizer_steps"] for r in ranks]
+    epochs = int(flags[flags.index("--update-epochs") + 1])
+    minibatches = int(spec.tiny[spec.tiny.index("--num-minibatches") + 1])
+    assert steps[0] == steps[1] < iterations * epochs * minibatches, steps  # stopped early, together
+    assert_all_equal([r["final_params"] for r in ranks], "final parameters")
+
+
+# 8. Odd world sizes (the 3-rank runs above) and two nodes
+@pytest.mark.parametrize(**PER_SCRIPT)
+def test_two_nodes(tmp_path_factory, script):
+    run = get_run(tmp_path_factory, script, two_nodes=True).assert_finished()
+    for node_rank, r in enumerate(run.ranks):
+        assert (
+            r["dist_rank"] == node_rank and r["env"]["LOCAL_RANK"] == "0" and r["env"]["GROUP_RANK"] == str(node_rank)
+        )
+    assert len(list(run.run_dir.glob("events.out.tfevents.*"))) == 1
+    assert run.ranks[0]["summary_writers"] == [str(run.run_dir)] and run.ranks[1]["summary_writers"] == []
+    assert str(run.run_dir / "checkpoint.pt") in run.ranks[0]["files_written"]
+    assert [f for f in run.ranks[1]["files_written"] if f.startswith(str(run.runs_dir))] == []  # rank 1 wrote nothing
+    assert_all_equal([r["final_params"] for r in run.ranks], "final parameters")
+
+
+# 9. Reproducible
+@pytest.mark.parametrize(**PER_SCRIPT)
+def test_reproducible(tmp_path_factory, tmp_path, script):
+    """The 2-rank `ddp` run's command again, without the recording wrapper: bitwise the same checkpoint."""
+    first = get_run(tmp_path_factory, script).assert_finished()
+    flags = [*first.spec.tiny, *COMMON, "--runs-dir", tmp_path, *first.flags]
+    proc = launch(script, flags, nproc=2, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    first, again = (
+        torch.load(d / "checkpoint.pt", weights_only=False) for d in (first.run_dir, only_run_dir(tmp_path))
+    )
+    assert again["global_step"] == first["global_step"] > 0
+    assert_state_dicts_equal(again["agent"], first["agent"], "agent")
+    assert_state_dicts_equal(again["optimizer"], first["optimizer"], "optimizer")
