@@ -789,6 +789,7 @@ def main() -> int:
                 all_rng = [rng_states(device)]
             error = None
             if is_main:
+                writer.flush()  # the events up to this checkpoint reach the file first: a crash after it loses none
                 ckpt_out = dict(
                     script=SCRIPT,
                     args=asdict(args),
