@@ -4,7 +4,7 @@ Docs: docs/ppo_atari_multigpu.md. Launch it any of these ways (all ranks run thi
 
     # 1 process (no process group)
     python cleanrl_ddp/ppo_atari_multigpu.py
-    # 2 processes on one machine (on CPU, add --precision bf16 for about 2x the speed)
+    # 2 processes on one machine (2 ranks x 4 envs: CleanRL's 8 envs)
     torchrun --standalone --nproc_per_node=2 cleanrl_ddp/ppo_atari_multigpu.py --local-num-envs 4
     # 2 nodes x 8 GPUs: run on every node, with NODE_RANK 0 on the node at HOST
     torchrun --nnodes=2 --nproc_per_node=8 --node_rank=$NODE_RANK \
@@ -110,7 +110,7 @@ class Args:
 
     # Speed
     precision: Literal["fp32", "bf16"] = "fp32"
-    """`bf16` runs the network under bfloat16 autocast (rollout and update); about 2x faster on CPU"""
+    """`bf16`: the network under bfloat16 autocast (changes numerics); for GPUs and CPUs with AMX or AVX512-BF16"""
     channels_last: bool = True
     """store conv weights and activations channels-last (NHWC): faster convolutions, same math"""
 
