@@ -143,6 +143,12 @@ def main(argv=None) -> int:
         action="append",
         help='NAME=FLAGS, e.g. bf16="--precision bf16"; repeat for several (default: one, the script defaults)',
     )
+    parser.add_argument(
+        "--compare",
+        nargs="+",
+        default=[],
+        help="other scripts (e.g. an outside baseline accepting the same size flags) run the same way, as extra rows",
+    )
     parser.add_argument("--local-num-envs", type=int, default=4)
     parser.add_argument("--num-steps", type=int, default=128)
     parser.add_argument("--iterations", type=int, default=14, help="iterations per run (the budget)")
@@ -160,10 +166,12 @@ def main(argv=None) -> int:
     print(f"# {args.iterations} iterations per run, steady rate after {args.warmup}; median of {args.repeats}")
     rows, commands = [], {}
     for ws in args.world_sizes:
-        for name, flags in variants:
+        runs = [(args.script, name, flags) for name, flags in variants]
+        runs += [(script, Path(script).name, []) for script in args.compare]
+        for script, name, flags in runs:
             sps, last = [], []
             for rep in range(args.repeats):
-                out = run_once(args.script, args.env_id, ws, rep + 1, flags, sizes, args.iterations, args.timeout)
+                out = run_once(script, args.env_id, ws, rep + 1, flags, sizes, args.iterations, args.timeout)
                 sps.append(steady_sps(out["events"], args.warmup))
                 last.append(out["events"][-1][2])
                 commands[(ws, name)] = out["command"]
