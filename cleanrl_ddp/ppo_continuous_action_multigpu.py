@@ -20,13 +20,14 @@ rewards are normalised with running statistics that are merged across ranks once
 so every rank feeds the network the same normalisation (see `RunningStats`).
 """
 
+import io
 import os
 import random
 import signal
 import sys
 import time
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from datetime import timedelta
 from typing import Literal, Optional
 
@@ -45,6 +46,8 @@ EXIT_BAD_INPUT = 2
 """exit code: invalid flags, environment, checkpoint or run directory (nothing was overwritten)"""
 EXIT_DIVERGED = 3
 """exit code: `--sync-check-every` found replicas whose parameters or optimizer state differ"""
+EXIT_LOST_RANK = 4
+"""exit code: a collective failed: another rank died, stalled past `--dist-timeout`, or the network broke"""
 EXIT_PREEMPTED = 75
 """exit code: stopped by SIGTERM/SIGUSR1 after saving a checkpoint; relaunch to resume (EX_TEMPFAIL)"""
 
@@ -114,6 +117,18 @@ class Args:
     clip_reward: float = 10.0
     """scaled rewards are clipped to [-clip_reward, clip_reward]"""
 
+    # Evaluation (rank 0, in a separate env; flags and metric names as in dqn_atari_multigpu.py)
+    eval_every: int = 0
+    """run evaluation episodes on rank 0 every N global steps (0 = never)"""
+    eval_episodes: int = 10
+    """episodes per evaluation, one per env of rank 0's separate evaluation vector env"""
+    eval_greedy: bool = True
+    """if toggled, evaluation acts with the Gaussian's mean; --no-eval-greedy samples from the policy"""
+    target_return: Optional[float] = None
+    """stop every rank (after a checkpoint) once an evaluation's mean return reaches this"""
+    capture_video: bool = False
+    """record each evaluation's first episode to {run dir}/videos and TensorBoard/W&B (needs the video extra)"""
+
     # Distributed
     grad_sync: Literal["ddp", "flat"] = "ddp"
     """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
@@ -130,12 +145,12 @@ class Args:
     checkpoint_every: int = 25
     """write checkpoint.pt every N iterations (0 = only at the end and on preemption)"""
     resume: Optional[str] = None
-    """continue from a run directory or a checkpoint.pt file"""
+    """continue from a run directory or a checkpoint.pt file (its flags are the defaults; flags given here win)"""
 
 
 def derive_sizes(args: Args, world_size: int) -> dict:
     """Global and per-rank sizes from the flags and the world size; raises ValueError on bad input."""
-    for name in ("local_num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps"):
+    for name in ("local_num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps", "eval_episodes"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     local_batch_size = args.local_num_envs * args.num_steps
@@ -169,6 +184,24 @@ def make_env(env_id: str):
         return gym.make(env_id)
 
     return thunk
+
+
+def make_eval_envs(env_id: str, num_envs: int, video_dir: Optional[str] = None) -> gym.vector.SyncVectorEnv:
+    """Rank 0's evaluation envs, separate from the training ones; with `video_dir`, env 0 can record MP4s.
+
+    The recorder never starts by itself: `evaluate` starts and stops it around env 0's first episode.
+    """
+
+    def thunk(index: int):
+        def make():
+            if video_dir is None or index > 0:
+                return gym.make(env_id)
+            env = gym.make(env_id, render_mode="rgb_array")
+            return gym.wrappers.RecordVideo(env, video_dir, episode_trigger=lambda _: False, disable_logger=True)
+
+        return make
+
+    return gym.vector.SyncVectorEnv([thunk(i) for i in range(num_envs)])
 
 
 def check_env(env_id: str) -> None:
@@ -394,6 +427,53 @@ def scale_reward(reward, return_stats: RunningStats, clip: float) -> torch.Tenso
     return (r / torch.sqrt(return_stats.var + 1e-8)).clamp(-clip, clip).float()
 
 
+def evaluate(
+    agent, eval_envs, greedy: bool, seed: int, device, obs_stats=None, clip_obs: float = 10.0, video_name=None
+):
+    """Play one episode in each env of `eval_envs`; returns (returns, lengths, video). Rank 0 only.
+
+    Observations are normalised with `obs_stats` (the training statistics, frozen: evaluation never
+    updates them) when given; returns are the env's own, unscaled rewards. `greedy` acts with the
+    Gaussian's mean, otherwise actions are sampled from a generator of their own, so that evaluating
+    never moves the training sampling stream. With `video_name` (and envs from `make_eval_envs(...,
+    video_dir)`) env 0's episode is saved as {video_dir}/{video_name}.mp4 and `video` is dict(path,
+    frames [T, H, W, C] uint8, fps); otherwise it is None.
+    """
+    episodes = eval_envs.num_envs
+    generator = torch.Generator(device=device).manual_seed(seed)
+    low, high = eval_envs.single_action_space.low, eval_envs.single_action_space.high
+    raw_obs, _ = eval_envs.reset(seed=[seed + i for i in range(episodes)])
+    recorder = eval_envs.envs[0] if video_name is not None else None
+    if recorder is not None:
+        recorder.start_recording(video_name)
+        recorder.recorded_frames.append(recorder.render())  # the first frame, before any action
+    returns, lengths = np.zeros(episodes), np.zeros(episodes, dtype=np.int64)
+    running = np.ones(episodes, dtype=bool)
+    video = None
+    while running.any():
+        if obs_stats is not None:
+            obs = normalize_obs(raw_obs, obs_stats, clip_obs)
+        else:
+            obs = torch.as_tensor(raw_obs, dtype=torch.float32, device=device)
+        with torch.no_grad():
+            action = agent.actor_mean(obs)
+            if not greedy:
+                noise = torch.randn(action.shape, generator=generator, device=device)
+                action = action + agent.actor_logstd.exp() * noise
+        raw_obs, reward, terminations, truncations, _ = eval_envs.step(np.clip(action.cpu().numpy(), low, high))
+        returns += reward * running
+        lengths += running
+        running &= ~(terminations | truncations)  # NextStep autoreset: later steps of that env are ignored
+        if recorder is not None and recorder.recording and not running[0]:
+            video = dict(
+                path=os.path.join(recorder.video_folder, f"{video_name}.mp4"),
+                frames=np.stack(recorder.recorded_frames),
+                fps=recorder.frames_per_sec,
+            )
+            recorder.stop_recording()  # writes the MP4
+    return returns, lengths, video
+
+
 def state_checksum(agent: nn.Module, optimizer: optim.Optimizer, extra=()) -> torch.Tensor:
     """A cheap fingerprint of the exact bits of parameters, optimizer state and `extra` tensors (int64 [2])."""
     total = torch.zeros(2, dtype=torch.int64, device=next(agent.parameters()).device)
@@ -438,6 +518,34 @@ class RunError(Exception):
         self.code = code
 
 
+def lost_rank_message(e: Exception) -> Optional[str]:
+    """The reason, if `e` is what a collective raises when a peer died or stalled past the timeout, else None."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if not (isinstance(e, dist.DistError) or (isinstance(e, RuntimeError) and "gloo" in text.lower())):
+        return None
+    return text.split("] ", 1)[-1].split(". This is typically", 1)[0][:160]  # drop the C++ source prefix
+
+
+def steps_crossed(prev_step: int, global_step: int, every: int) -> int:
+    """How many multiples of `every` lie in (prev_step, global_step]: the schedule of periodic events.
+
+    The global step grows by the global batch per iteration, so a period that is not a multiple of it
+    is still kept on average, and every rank computes the same answer from the same global step.
+    """
+    return global_step // every - prev_step // every if every > 0 else 0
+
+
+def log_video(writer, video: dict, global_step: int, track: bool) -> None:
+    """Attach an evaluation video (from `evaluate`) to TensorBoard and, with --track, to W&B. Rank 0 only."""
+    frames = video["frames"][:: max(1, len(video["frames"]) // 200)]  # TensorBoard stores a GIF: keep it small
+    fps = video["fps"] * len(frames) / len(video["frames"])
+    writer.add_video("eval/video", frames.transpose(0, 3, 1, 2)[None], global_step, fps=max(1, round(fps)))
+    if track:
+        import wandb
+
+        wandb.log({"eval/video": wandb.Video(video["path"], format="mp4")})
+
+
 def read_launch_env() -> tuple[int, int, int, int]:
     """(rank, local_rank, world_size, local_world_size) from torchrun's or SLURM's variables."""
     env = os.environ
@@ -467,12 +575,34 @@ def launch_id() -> str:
     return str(int(time.time()))
 
 
+def check_elastic_restarts(args: Args) -> None:
+    """Under torchrun --max-restarts, refuse launches whose restarted workers could not continue the run."""
+    if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", 0)) == 0:
+        return
+    # torchrun shares one TCPStore across restarts (torch >= 2.4, and always with the static rendezvous):
+    # restarted workers read the previous attempt's addresses and fail to connect (pytorch#135712).
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        raise RunError(
+            "torchrun --max-restarts needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 exported and the c10d rendezvous "
+            "(--standalone, or --rdzv-backend=c10d): otherwise restarted workers fail to connect (pytorch#135712)"
+        )
+    stable_id = os.environ.get("TORCHELASTIC_RUN_ID", "none") not in ("", "none") or "SLURM_JOB_ID" in os.environ
+    if not stable_id and args.run_name is None:  # launch_id() would be a time stamp: a restart starts a new run
+        raise RunError("torchrun --max-restarts needs a run name that survives restarts: pass --rdzv-id=JOB_ID")
+
+
 def atomic_save(obj, path: str) -> None:
-    """Write `obj` so that a crash at any instant leaves either the old or the new file, never a torn one."""
+    """Write `obj` so that a crash at any instant leaves either the old or the new file, never a torn one.
+
+    Serialised in memory first, so that a full disk raises a plain OSError (ENOSPC, EFBIG) from
+    `write`, not an error from inside torch's zip writer.
+    """
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
-            torch.save(obj, f)
+            f.write(buffer.getbuffer())
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -487,8 +617,8 @@ def atomic_save(obj, path: str) -> None:
         os.close(dir_fd)
 
 
-def load_checkpoint(path: str, args: Args) -> dict:
-    """Load and validate a checkpoint of this script and env; raise RunError with the reason."""
+def load_checkpoint(path: str) -> dict:
+    """Load and validate a checkpoint of this script; raise RunError with the reason."""
     if os.path.isdir(path):
         path = os.path.join(path, "checkpoint.pt")
     if not os.path.isfile(path):
@@ -500,8 +630,10 @@ def load_checkpoint(path: str, args: Args) -> dict:
     if not isinstance(ckpt, dict) or ckpt.get("script") != SCRIPT:
         found = ckpt.get("script") if isinstance(ckpt, dict) else type(ckpt).__name__
         raise RunError(f"--resume: {path} was written by {found!r}, not {SCRIPT}")
-    if ckpt["args"]["env_id"] != args.env_id:
-        raise RunError(f"--resume: {path} trained {ckpt['args']['env_id']}, not --env-id {args.env_id}")
+    missing = {"args", "world_size", "sizes", "iteration", "global_step", "agent", "optimizer", "rng"} - ckpt.keys()
+    missing |= {"obs_stats", "return_stats"} - ckpt.keys()  # this script's normalisation statistics
+    if missing:
+        raise RunError(f"--resume: {path} lacks {', '.join(sorted(missing))}; it was left as it is")
     return ckpt
 
 
@@ -524,14 +656,30 @@ def main() -> int:
     args = tyro.cli(Args)
     rank, local_rank, world_size, local_world_size = read_launch_env()
     is_main = rank == 0  # rank-0 decisions use the GLOBAL rank; the device uses the LOCAL rank
+    # Preemption: SIGTERM/SIGUSR1 only set a flag; all ranks stop together at the next iteration boundary.
+    stop_signal = []
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, lambda signum, frame: stop_signal.append(signum))
     try:
         sizes = derive_sizes(args, world_size)
         check_env(args.env_id)
-        for name in ("checkpoint_every", "sync_check_every"):
+        for name in ("checkpoint_every", "sync_check_every", "eval_every"):
             if getattr(args, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be 0 (off) or positive")
+        if args.target_return is not None and not args.eval_every:
+            raise ValueError("--target-return needs --eval-every N (the evaluation decides the stop)")
+        if args.capture_video and not args.eval_every:
+            raise ValueError("--capture-video needs --eval-every N (videos are of the evaluation episodes)")
+        if args.capture_video:
+            try:
+                import moviepy  # noqa: F401 (gymnasium's RecordVideo and TensorBoard's add_video use it)
+            except ImportError:
+                raise ValueError("--capture-video needs moviepy: pip install -e '.[video]'") from None
+        if not args.dist_timeout > 0:
+            raise ValueError(f"--dist-timeout must be positive (seconds), got {args.dist_timeout}")
     except ValueError as e:
         raise RunError(str(e))
+    check_elastic_restarts(args)
     if args.sync_check_every and world_size == 1:
         args.sync_check_every = 0  # nothing to compare
 
@@ -570,15 +718,25 @@ def main() -> int:
             resume_from = args.resume
             if resume_from is None and os.path.isfile(os.path.join(run_dir, "checkpoint.pt")):
                 resume_from = run_dir  # an elastic restart or a requeued job: continue the same run
-            ckpt = load_checkpoint(resume_from, args) if resume_from else None
+            ckpt = load_checkpoint(resume_from) if resume_from else None
             if ckpt is not None:
                 if args.resume:  # continue writing into the directory of the checkpoint
                     run_dir = args.resume if os.path.isdir(args.resume) else os.path.dirname(args.resume) or "."
+                # A resumed run takes the checkpoint's flags as its defaults (same schedule, seed, env);
+                # flags given on this command line still win.
+                saved = {k: v for k, v in ckpt["args"].items() if k in {f.name for f in fields(Args)}}
+                args = tyro.cli(Args, default=Args(**saved))
+                if args.env_id != saved["env_id"]:
+                    raise RunError(f"--resume: {resume_from} trained {saved['env_id']}, not --env-id {args.env_id}")
                 if ckpt["world_size"] != world_size:
                     raise RunError(
                         f"--resume: the checkpoint was written with world size {ckpt['world_size']} (global batch "
                         f"{ckpt['sizes']['batch_size']}); relaunch with {ckpt['world_size']} processes"
                     )
+                try:
+                    sizes = derive_sizes(args, world_size)
+                except ValueError as e:
+                    raise RunError(str(e))
             try:
                 os.makedirs(run_dir, exist_ok=True)
                 probe = os.path.join(run_dir, f".write-test.{os.getpid()}")
@@ -586,7 +744,7 @@ def main() -> int:
                 os.remove(probe)
             except OSError as e:
                 raise RunError(f"cannot write to the run directory {run_dir}: {e.strerror}")
-            setup = dict(run_dir=run_dir, ckpt=ckpt)
+            setup = dict(run_dir=run_dir, ckpt=ckpt, args=args, sizes=sizes)
         except RunError as e:
             setup = e
     if world_size > 1:
@@ -595,7 +753,7 @@ def main() -> int:
         setup = box[0]
     if isinstance(setup, RunError):
         raise setup
-    run_dir, ckpt = setup["run_dir"], setup["ckpt"]
+    run_dir, ckpt, args, sizes = setup["run_dir"], setup["ckpt"], setup["args"], setup["sizes"]
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = ckpt["global_step"] if ckpt else 0
 
@@ -607,8 +765,8 @@ def main() -> int:
         if args.track:
             import wandb
 
-            wandb_run_id = wandb_run_id or wandb.util.generate_id()
-            wandb.init(
+            # a resumed run passes the id saved in its checkpoint; a new one keeps the id W&B chose
+            wandb_run_id = wandb.init(
                 project=args.wandb_project_name,
                 entity=args.wandb_entity,
                 sync_tensorboard=True,
@@ -617,7 +775,7 @@ def main() -> int:
                 id=wandb_run_id,
                 resume="allow",
                 save_code=True,
-            )
+            ).id
         # purge_step drops events a crashed attempt logged after the checkpoint: no duplicate steps
         writer = SummaryWriter(run_dir, purge_step=global_step + 1 if ckpt else None)
         writer.add_text(
@@ -644,7 +802,9 @@ def main() -> int:
         [make_env(args.env_id) for _ in range(local_num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
     )
     obs_shape, action_shape = envs.single_observation_space.shape, envs.single_action_space.shape
-    agent = Agent(int(np.prod(obs_shape)), int(np.prod(action_shape))).to(device)
+    # what Agent's constructor needs, saved in checkpoints so that cleanrl_ddp/evaluate.py can rebuild it
+    agent_kwargs = dict(obs_dim=int(np.prod(obs_shape)), action_dim=int(np.prod(action_shape)))
+    agent = Agent(**agent_kwargs).to(device)
     if world_size > 1:
         for tensor in agent.state_dict().values():  # identical start whichever --grad-sync is used
             dist.broadcast(tensor, src=0)
@@ -667,16 +827,15 @@ def main() -> int:
     model = agent
     if world_size > 1 and args.grad_sync == "ddp":
         model = DDP(agent, device_ids=[device.index] if use_cuda else None)
+    eval_envs = None
+    if is_main and args.eval_every:
+        video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
+        eval_envs = make_eval_envs(args.env_id, args.eval_episodes, video_dir)
 
     # A resumed run seeds its envs past the seeds earlier attempts used (env state is not checkpointed).
     env_seed0 = args.seed + rank * local_num_envs + (start_iteration - 1) * sizes["num_envs"]
     next_raw_obs, _ = envs.reset(seed=[env_seed0 + i for i in range(local_num_envs)])
     action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
-
-    # Preemption: SIGTERM/SIGUSR1 only set a flag; all ranks stop together at the next iteration boundary.
-    stop_signal = []
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(sig, lambda signum, frame: stop_signal.append(signum))
 
     # ALGO Logic: Storage setup
     obs = torch.zeros((args.num_steps, local_num_envs) + obs_shape, device=device)  # normalised, as acted on
@@ -700,6 +859,7 @@ def main() -> int:
 
     next_done = torch.zeros(local_num_envs, device=device)
     num_iterations = sizes["num_iterations"]
+    eval_seconds = 0.0  # excluded from SPS
     sps_window = deque([(time.time(), global_step)], maxlen=11)
     show_live = is_main and sys.stdout.isatty()
     exit_code = 0
@@ -831,7 +991,7 @@ def main() -> int:
         explained_var = np.nan if var_y == 0 else 1 - var_diff / var_y
         ep_return_sum, ep_length_sum, ep_count, stop_votes = metrics[10:14]
 
-        sps_window.append((time.time(), global_step))
+        sps_window.append((time.time() - eval_seconds, global_step))
         sps = int((sps_window[-1][1] - sps_window[0][1]) / max(sps_window[-1][0] - sps_window[0][0], 1e-9))
         if is_main:
             # TRY NOT TO MODIFY: record rewards for plotting purposes
@@ -871,8 +1031,40 @@ def main() -> int:
             except RuntimeError as e:
                 raise RunError(str(e), EXIT_DIVERGED)
 
+        # Evaluation on rank 0; the result and the stop decision are broadcast, so all ranks stop together.
+        reached = False
+        if steps_crossed(global_step - sizes["batch_size"], global_step, args.eval_every):
+            started = time.time()
+            result = torch.zeros(3, dtype=torch.float64, device=device)  # (mean return, mean length, stop)
+            if is_main:
+                eval_seed = args.seed + 10**9 + global_step  # seeds no training env uses
+                video_name = f"eval-step{global_step}" if args.capture_video else None
+                eval_returns, eval_lengths, video = evaluate(
+                    agent,
+                    eval_envs,
+                    args.eval_greedy,
+                    eval_seed,
+                    device,
+                    obs_stats if args.norm_obs else None,
+                    args.clip_obs,
+                    video_name,
+                )
+                stop = args.target_return is not None and eval_returns.mean() >= args.target_return
+                result = torch.tensor(
+                    [eval_returns.mean(), eval_lengths.mean(), float(stop)], dtype=torch.float64, device=device
+                )
+                writer.add_scalar("eval/episodic_return", eval_returns.mean(), global_step)
+                writer.add_scalar("eval/episodic_length", eval_lengths.mean(), global_step)
+                if video is not None:
+                    log_video(writer, video, global_step, args.track)
+            if world_size > 1:
+                dist.broadcast(result, src=0)
+            eval_return, _, stop = result.tolist()
+            reached = stop > 0
+            eval_seconds += time.time() - started
+
         preempted = stop_votes > 0
-        last = iteration == num_iterations or preempted
+        last = iteration == num_iterations or preempted or reached
         if last or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
             all_rng = [None] * world_size
             if world_size > 1:
@@ -881,6 +1073,7 @@ def main() -> int:
                 all_rng = [rng_states(device)]
             error = None
             if is_main:
+                writer.flush()  # the events up to this checkpoint reach the file first: a crash after it loses none
                 ckpt_out = dict(
                     script=SCRIPT,
                     args=asdict(args),
@@ -889,6 +1082,7 @@ def main() -> int:
                     iteration=iteration,
                     global_step=global_step,
                     agent=agent.state_dict(),
+                    agent_kwargs=agent_kwargs,
                     optimizer=optimizer.state_dict(),
                     obs_stats=obs_stats.state_dict(),
                     return_stats=return_stats.state_dict(),
@@ -897,7 +1091,7 @@ def main() -> int:
                 )
                 try:
                     atomic_save(ckpt_out, os.path.join(run_dir, "checkpoint.pt"))
-                except OSError as e:
+                except OSError as e:  # disk full, quota, file size limit, read-only: every rank stops
                     error = f"could not write {run_dir}/checkpoint.pt ({e.strerror}); the previous checkpoint is intact"
             if world_size > 1:
                 box = [error]
@@ -905,6 +1099,14 @@ def main() -> int:
                 error = box[0]
             if error:
                 raise RunError(error, EXIT_BAD_INPUT)
+        if reached:
+            if is_main:
+                print(
+                    f"\n{SCRIPT}: evaluation return {eval_return:.1f} reached --target-return {args.target_return} "
+                    f"at iteration {iteration} (global step {global_step}); checkpoint saved in {run_dir}",
+                    flush=True,
+                )
+            break
         if preempted:
             if is_main:
                 print(
@@ -917,6 +1119,8 @@ def main() -> int:
             break
 
     envs.close()
+    if eval_envs is not None:
+        eval_envs.close()
     if is_main:
         writer.close()
         if args.track:
@@ -934,7 +1138,20 @@ if __name__ == "__main__":
         if int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0))) == 0:
             print(f"{SCRIPT}: error: {e}", file=sys.stderr, flush=True)
         exit_code = e.code
+    except Exception as e:
+        # A failed collective: the other ranks cannot be told, so every surviving rank says it, in one line.
+        reason = lost_rank_message(e)
+        if reason is None:
+            raise
+        rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0))
+        print(
+            f"{SCRIPT}: error: rank {rank} lost contact with the other ranks ({reason}): a rank died, stalled "
+            "longer than --dist-timeout, or the network failed; relaunch to resume from the last checkpoint",
+            file=sys.stderr,
+            flush=True,
+        )
+        exit_code = EXIT_LOST_RANK
     finally:
-        if dist.is_initialized():
+        if dist.is_initialized() and exit_code != EXIT_LOST_RANK:  # teardown could wait on the lost peers
             dist.destroy_process_group()
     sys.exit(exit_code)
