@@ -106,6 +106,18 @@ class Args:
     target_kl: Optional[float] = None
     """stop the epochs early when the KL averaged across ranks exceeds this"""
 
+    # Evaluation (rank 0, in a separate env; flags and metric names as in dqn_atari_multigpu.py)
+    eval_every: int = 0
+    """run evaluation episodes on rank 0 every N global steps (0 = never)"""
+    eval_episodes: int = 10
+    """episodes per evaluation, one per env of rank 0's separate evaluation vector env"""
+    eval_greedy: bool = True
+    """if toggled, evaluation takes the most likely action; --no-eval-greedy samples from the policy"""
+    target_return: Optional[float] = None
+    """stop every rank (after a checkpoint) once an evaluation's mean return reaches this"""
+    capture_video: bool = False
+    """record each evaluation's first episode to {run dir}/videos and TensorBoard/W&B (needs the video extra)"""
+
     # Distributed
     grad_sync: Literal["ddp", "flat"] = "ddp"
     """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
@@ -127,7 +139,7 @@ class Args:
 
 def derive_sizes(args: Args, world_size: int) -> dict:
     """Global and per-rank sizes from the flags and the world size; raises ValueError on bad input."""
-    for name in ("local_num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps"):
+    for name in ("local_num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps", "eval_episodes"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     local_batch_size = args.local_num_envs * args.num_steps
@@ -159,6 +171,24 @@ def make_env(env_id: str):
         return gym.make(env_id)
 
     return thunk
+
+
+def make_eval_envs(env_id: str, num_envs: int, video_dir: Optional[str] = None) -> gym.vector.SyncVectorEnv:
+    """Rank 0's evaluation envs, separate from the training ones; with `video_dir`, env 0 can record MP4s.
+
+    The recorder never starts by itself: `evaluate` starts and stops it around env 0's first episode.
+    """
+
+    def thunk(index: int):
+        def make():
+            if video_dir is None or index > 0:
+                return gym.make(env_id)
+            env = gym.make(env_id, render_mode="rgb_array")
+            return gym.wrappers.RecordVideo(env, video_dir, episode_trigger=lambda _: False, disable_logger=True)
+
+        return make
+
+    return gym.vector.SyncVectorEnv([thunk(i) for i in range(num_envs)])
 
 
 def check_env(env_id: str) -> None:
@@ -294,6 +324,45 @@ def ppo_loss(model, mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, 
     return loss, stats
 
 
+def evaluate(agent, eval_envs, greedy: bool, seed: int, device, video_name: Optional[str] = None):
+    """Play one episode in each env of `eval_envs`; returns (returns, lengths, video). Rank 0 only.
+
+    `greedy` takes the argmax action, otherwise actions are sampled from a generator of their own, so
+    that evaluating never moves the training sampling stream. With `video_name` (and envs from
+    `make_eval_envs(..., video_dir)`) env 0's episode is saved as {video_dir}/{video_name}.mp4 and
+    `video` is dict(path, frames [T, H, W, C] uint8, fps); otherwise it is None.
+    """
+    episodes = eval_envs.num_envs
+    generator = torch.Generator(device=device).manual_seed(seed)
+    obs, _ = eval_envs.reset(seed=[seed + i for i in range(episodes)])
+    recorder = eval_envs.envs[0] if video_name is not None else None
+    if recorder is not None:
+        recorder.start_recording(video_name)
+        recorder.recorded_frames.append(recorder.render())  # the first frame, before any action
+    returns, lengths = np.zeros(episodes), np.zeros(episodes, dtype=np.int64)
+    running = np.ones(episodes, dtype=bool)
+    video = None
+    while running.any():
+        with torch.no_grad():
+            logits = agent.actor(torch.as_tensor(obs, dtype=torch.float32, device=device))
+            if greedy:
+                action = logits.argmax(dim=1)
+            else:
+                action = torch.multinomial(logits.softmax(dim=1), 1, generator=generator).squeeze(1)
+        obs, reward, terminations, truncations, _ = eval_envs.step(action.cpu().numpy())
+        returns += reward * running
+        lengths += running
+        running &= ~(terminations | truncations)  # NextStep autoreset: later steps of that env are ignored
+        if recorder is not None and recorder.recording and not running[0]:
+            video = dict(
+                path=os.path.join(recorder.video_folder, f"{video_name}.mp4"),
+                frames=np.stack(recorder.recorded_frames),
+                fps=recorder.frames_per_sec,
+            )
+            recorder.stop_recording()  # writes the MP4
+    return returns, lengths, video
+
+
 def all_reduce_gradients_flat(params, world_size: int) -> None:
     """Average gradients across ranks with one all-reduce of one flat buffer (instead of DDP).
 
@@ -352,6 +421,26 @@ def lost_rank_message(e: Exception) -> Optional[str]:
     if not (isinstance(e, dist.DistError) or (isinstance(e, RuntimeError) and "gloo" in text.lower())):
         return None
     return text.split("] ", 1)[-1].split(". This is typically", 1)[0][:160]  # drop the C++ source prefix
+
+
+def steps_crossed(prev_step: int, global_step: int, every: int) -> int:
+    """How many multiples of `every` lie in (prev_step, global_step]: the schedule of periodic events.
+
+    The global step grows by the global batch per iteration, so a period that is not a multiple of it
+    is still kept on average, and every rank computes the same answer from the same global step.
+    """
+    return global_step // every - prev_step // every if every > 0 else 0
+
+
+def log_video(writer, video: dict, global_step: int, track: bool) -> None:
+    """Attach an evaluation video (from `evaluate`) to TensorBoard and, with --track, to W&B. Rank 0 only."""
+    frames = video["frames"][:: max(1, len(video["frames"]) // 200)]  # TensorBoard stores a GIF: keep it small
+    fps = video["fps"] * len(frames) / len(video["frames"])
+    writer.add_video("eval/video", frames.transpose(0, 3, 1, 2)[None], global_step, fps=max(1, round(fps)))
+    if track:
+        import wandb
+
+        wandb.log({"eval/video": wandb.Video(video["path"], format="mp4")})
 
 
 def read_launch_env() -> tuple[int, int, int, int]:
@@ -470,9 +559,18 @@ def main() -> int:
     try:
         sizes = derive_sizes(args, world_size)
         check_env(args.env_id)
-        for name in ("checkpoint_every", "sync_check_every"):
+        for name in ("checkpoint_every", "sync_check_every", "eval_every"):
             if getattr(args, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be 0 (off) or positive")
+        if args.target_return is not None and not args.eval_every:
+            raise ValueError("--target-return needs --eval-every N (the evaluation decides the stop)")
+        if args.capture_video and not args.eval_every:
+            raise ValueError("--capture-video needs --eval-every N (videos are of the evaluation episodes)")
+        if args.capture_video:
+            try:
+                import moviepy  # noqa: F401 (gymnasium's RecordVideo and TensorBoard's add_video use it)
+            except ImportError:
+                raise ValueError("--capture-video needs moviepy: pip install -e '.[video]'") from None
         if not args.dist_timeout > 0:
             raise ValueError(f"--dist-timeout must be positive (seconds), got {args.dist_timeout}")
     except ValueError as e:
@@ -599,7 +697,11 @@ def main() -> int:
     envs = gym.vector.SyncVectorEnv(
         [make_env(args.env_id) for _ in range(local_num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
     )
-    agent = Agent(int(np.prod(envs.single_observation_space.shape)), int(envs.single_action_space.n)).to(device)
+    # what Agent's constructor needs, saved in checkpoints so that cleanrl_ddp/evaluate.py can rebuild it
+    agent_kwargs = dict(
+        obs_dim=int(np.prod(envs.single_observation_space.shape)), n_actions=int(envs.single_action_space.n)
+    )
+    agent = Agent(**agent_kwargs).to(device)
     if world_size > 1:
         for tensor in agent.state_dict().values():  # identical start whichever --grad-sync is used
             dist.broadcast(tensor, src=0)
@@ -615,6 +717,10 @@ def main() -> int:
     model = agent
     if world_size > 1 and args.grad_sync == "ddp":
         model = DDP(agent, device_ids=[device.index] if use_cuda else None)
+    eval_envs = None
+    if is_main and args.eval_every:
+        video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
+        eval_envs = make_eval_envs(args.env_id, args.eval_episodes, video_dir)
 
     # A resumed run seeds its envs past the seeds earlier attempts used (env state is not checkpointed).
     env_seed0 = args.seed + rank * local_num_envs + (start_iteration - 1) * sizes["num_envs"]
@@ -634,6 +740,7 @@ def main() -> int:
     next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
     next_done = torch.zeros(local_num_envs, device=device)
     num_iterations = sizes["num_iterations"]
+    eval_seconds = 0.0  # excluded from SPS
     sps_window = deque([(time.time(), global_step)], maxlen=11)
     show_live = is_main and sys.stdout.isatty()
     exit_code = 0
@@ -744,7 +851,7 @@ def main() -> int:
         explained_var = np.nan if var_y == 0 else 1 - var_diff / var_y
         ep_return_sum, ep_length_sum, ep_count, stop_votes = metrics[10:14]
 
-        sps_window.append((time.time(), global_step))
+        sps_window.append((time.time() - eval_seconds, global_step))
         sps = int((sps_window[-1][1] - sps_window[0][1]) / max(sps_window[-1][0] - sps_window[0][0], 1e-9))
         if is_main:
             # TRY NOT TO MODIFY: record rewards for plotting purposes
@@ -779,8 +886,33 @@ def main() -> int:
             except RuntimeError as e:
                 raise RunError(str(e), EXIT_DIVERGED)
 
+        # Evaluation on rank 0; the result and the stop decision are broadcast, so all ranks stop together.
+        reached = False
+        if steps_crossed(global_step - sizes["batch_size"], global_step, args.eval_every):
+            started = time.time()
+            result = torch.zeros(3, dtype=torch.float64, device=device)  # (mean return, mean length, stop)
+            if is_main:
+                eval_seed = args.seed + 10**9 + global_step  # seeds no training env uses
+                video_name = f"eval-step{global_step}" if args.capture_video else None
+                eval_returns, eval_lengths, video = evaluate(
+                    agent, eval_envs, args.eval_greedy, eval_seed, device, video_name
+                )
+                stop = args.target_return is not None and eval_returns.mean() >= args.target_return
+                result = torch.tensor(
+                    [eval_returns.mean(), eval_lengths.mean(), float(stop)], dtype=torch.float64, device=device
+                )
+                writer.add_scalar("eval/episodic_return", eval_returns.mean(), global_step)
+                writer.add_scalar("eval/episodic_length", eval_lengths.mean(), global_step)
+                if video is not None:
+                    log_video(writer, video, global_step, args.track)
+            if world_size > 1:
+                dist.broadcast(result, src=0)
+            eval_return, _, stop = result.tolist()
+            reached = stop > 0
+            eval_seconds += time.time() - started
+
         preempted = stop_votes > 0
-        last = iteration == num_iterations or preempted
+        last = iteration == num_iterations or preempted or reached
         if last or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
             all_rng = [None] * world_size
             if world_size > 1:
@@ -798,6 +930,7 @@ def main() -> int:
                     iteration=iteration,
                     global_step=global_step,
                     agent=agent.state_dict(),
+                    agent_kwargs=agent_kwargs,
                     optimizer=optimizer.state_dict(),
                     rng=all_rng,
                     wandb_run_id=wandb_run_id,
@@ -812,6 +945,14 @@ def main() -> int:
                 error = box[0]
             if error:
                 raise RunError(error, EXIT_BAD_INPUT)
+        if reached:
+            if is_main:
+                print(
+                    f"\n{SCRIPT}: evaluation return {eval_return:.1f} reached --target-return {args.target_return} "
+                    f"at iteration {iteration} (global step {global_step}); checkpoint saved in {run_dir}",
+                    flush=True,
+                )
+            break
         if preempted:
             if is_main:
                 print(
@@ -824,6 +965,8 @@ def main() -> int:
             break
 
     envs.close()
+    if eval_envs is not None:
+        eval_envs.close()
     if is_main:
         writer.close()
         if args.track:

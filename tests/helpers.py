@@ -117,3 +117,35 @@ def assert_one_line_error(proc, pattern: str, script: str) -> None:
     assert len(lines) == 1, output
     assert re.search(pattern, lines[0]), lines[0]
     assert f'cleanrl_ddp/{script}", line' not in output, output  # no traceback into our code
+
+
+def wandb_offline_runs(wandb_dir) -> list[dict]:
+    """The offline W&B runs under `wandb_dir` (the WANDB_DIR of a launch): dict(id, config) per run.
+
+    Read from each run's `run-*.wandb` file: a LevelDB-style log (a 7-byte W&B header, then 32 KiB
+    blocks of records with a 7-byte header each) of protobuf `Record`s; the `run` record holds the config.
+    """
+    import json
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    runs = []
+    for path in sorted(Path(wandb_dir).glob("wandb/offline-run-*/run-*.wandb")):
+        data, pos, chunks = path.read_bytes(), 7, []
+        while pos + 7 <= len(data):
+            left = 32768 - pos % 32768
+            _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+            if left < 7 or (kind == 0 and length == 0):  # block trailer or padding
+                pos += left
+                continue
+            chunks.append(data[pos + 7 : pos + 7 + length])
+            pos += 7 + length
+            if kind in (1, 4):  # a FULL record, or the LAST piece of one
+                record = wandb_internal_pb2.Record()
+                record.ParseFromString(b"".join(chunks))
+                chunks = []
+                if record.WhichOneof("record_type") == "run":
+                    config = {item.key: json.loads(item.value_json) for item in record.run.config.update}
+                    runs.append(dict(id=record.run.run_id, config=config))
+    return runs

@@ -1,0 +1,119 @@
+"""Evaluate a trained run: load its checkpoint with the script's own Agent and evaluation, print mean ± std.
+
+    python -m cleanrl_ddp.evaluate runs/CartPole-v1__ppo_multigpu__1__1700000000 --episodes 10
+    python -m cleanrl_ddp.evaluate runs/.../checkpoint.pt --sample --capture-video
+
+The checkpoint's "script" key names the script module (cleanrl_ddp/<script>.py); this tool imports
+`Args`, `Agent`, `make_eval_envs` and `evaluate` from it (never the other way round), rebuilds the
+agent from the checkpoint's `agent_kwargs` and, for scripts that normalise observations, the saved
+statistics. Videos (`--capture-video`, needs `pip install -e ".[video]"`) go to RUN_DIR/videos and
+into RUN_DIR's TensorBoard events. Bad input ends with one line `evaluate: error: ...` and exit code 2.
+"""
+
+import argparse
+import importlib
+import os
+import sys
+from dataclasses import fields
+
+import numpy as np
+import torch
+
+EXIT_BAD_INPUT = 2
+
+
+class EvalError(Exception):
+    """A problem with the user's input, printed as one line."""
+
+
+def load(path: str) -> tuple[dict, str]:
+    """The checkpoint at `path` (a run directory or a checkpoint file) and its run directory."""
+    if os.path.isdir(path):
+        path = os.path.join(path, "checkpoint.pt")
+    if not os.path.isfile(path):
+        raise EvalError(f"no checkpoint at {path}")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # torch raises several error types for truncated or foreign files
+        raise EvalError(f"{path} is truncated or corrupt, or not a torch checkpoint ({type(e).__name__})")
+    script = ckpt.get("script") if isinstance(ckpt, dict) else None
+    if not isinstance(script, str) or not script.endswith("_multigpu"):
+        raise EvalError(f"{path} is not a checkpoint of a cleanrl_ddp script (script: {script!r})")
+    if not os.path.isfile(os.path.join(os.path.dirname(__file__), f"{script}.py")):
+        raise EvalError(f"{path} was written by {script!r}, which is not a script of this cleanrl_ddp")
+    return ckpt, os.path.dirname(os.path.abspath(path))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cleanrl_ddp.evaluate", description=__doc__.split("\n")[0])
+    parser.add_argument("path", help="a run directory (holding checkpoint.pt) or a checkpoint file")
+    parser.add_argument("--episodes", type=int, default=10, help="episodes to play, in parallel (default: 10)")
+    policy = parser.add_mutually_exclusive_group()
+    policy.add_argument("--greedy", dest="greedy", action="store_true", default=None, help="take the likeliest action")
+    policy.add_argument("--sample", dest="greedy", action="store_false", help="sample actions from the policy")
+    parser.add_argument("--seed", type=int, default=12345, help="seed of the evaluation envs and sampling")
+    parser.add_argument("--capture-video", action="store_true", help="record the first episode to RUN_DIR/videos")
+    parser.add_argument("--device", default="cpu", help="torch device to run the agent on (default: cpu)")
+    options = parser.parse_args(argv)
+    if options.episodes < 1:
+        raise EvalError(f"--episodes must be at least 1, got {options.episodes}")
+
+    ckpt, run_dir = load(options.path)
+    script = ckpt["script"]
+    module = importlib.import_module(f"cleanrl_ddp.{script}")
+    if (
+        not all(hasattr(module, name) for name in ("make_eval_envs", "evaluate", "log_video"))
+        or "agent_kwargs" not in ckpt
+    ):
+        raise EvalError(
+            f"{script} checkpoints cannot be evaluated yet (no make_eval_envs/evaluate/log_video or agent_kwargs)"
+        )
+    saved = {k: v for k, v in ckpt["args"].items() if k in {f.name for f in fields(module.Args)}}
+    args = module.Args(**saved)
+    greedy = args.eval_greedy if options.greedy is None else options.greedy
+    device = torch.device(options.device)
+
+    agent = module.Agent(**ckpt["agent_kwargs"]).to(device)
+    agent.load_state_dict(ckpt["agent"])
+    agent.eval()
+    extra = {}
+    if "obs_stats" in ckpt and args.norm_obs:  # the statistics the agent was trained with, frozen
+        obs_stats = module.RunningStats(ckpt["obs_stats"]["mean"].shape, device)
+        obs_stats.load_state_dict(ckpt["obs_stats"])
+        extra = dict(obs_stats=obs_stats, clip_obs=args.clip_obs)
+
+    video_dir, video_name = None, None
+    if options.capture_video:
+        try:
+            import moviepy  # noqa: F401
+        except ImportError:
+            raise EvalError("--capture-video needs moviepy: pip install -e '.[video]'") from None
+        video_dir, video_name = os.path.join(run_dir, "videos"), f"evaluate-step{ckpt['global_step']}"
+    eval_envs = module.make_eval_envs(args.env_id, options.episodes, video_dir)
+    try:
+        returns, lengths, video = module.evaluate(
+            agent, eval_envs, greedy, options.seed, device, **extra, video_name=video_name
+        )
+    finally:
+        eval_envs.close()
+    if video is not None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(run_dir)  # next to the run's own events: TensorBoard shows it with the run
+        module.log_video(writer, video, ckpt["global_step"], track=False)
+        writer.close()
+        print(f"video: {video['path']}")
+    print(
+        f"{script} {args.env_id} at global step {ckpt['global_step']}: return {np.mean(returns):.2f} ± "
+        f"{np.std(returns):.2f} (mean ± std over {len(returns)} {'greedy' if greedy else 'sampled'} episodes, "
+        f"mean length {np.mean(lengths):.1f})"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except EvalError as e:
+        print(f"evaluate: error: {e}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)

@@ -1,0 +1,136 @@
+"""Evaluation, video and loggers (issue 6): --eval-every/--target-return in the PPO scripts, the
+`python -m cleanrl_ddp.evaluate` command, --capture-video, W&B offline runs and TensorBoard's config text."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from helpers import REPO, event_files, launch, only_run_dir, read_scalars, wandb_offline_runs
+
+TINY = ["--local-num-envs", "2", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "2"]
+CONTINUOUS_TINY = ["--env-id", "InvertedPendulum-v5", "--local-num-envs", "1", "--num-steps", "64"]
+CONTINUOUS_TINY += ["--num-minibatches", "2", "--update-epochs", "2"]
+
+
+def evaluate(*args, timeout=120):
+    cmd = [sys.executable, "-m", "cleanrl_ddp.evaluate", *(str(a) for a in args)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+def tensorboard_text(run_dir, tag: str) -> str:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    texts = []
+    for path in event_files(run_dir):
+        acc = EventAccumulator(str(path), size_guidance={"tensors": 0})
+        acc.Reload()
+        if tag in acc.Tags()["tensors"]:
+            texts += [t.tensor_proto.string_val[0].decode() for t in acc.Tensors(tag)]
+    return "\n".join(texts)
+
+
+def test_eval_video_wandb_and_evaluate_command(tmp_path):
+    """One 2-rank CartPole job: rank-0 evaluation and video, one W&B run with the resolved config;
+    the evaluate command on its checkpoint; a resumed job continues the same W&B run."""
+    runs, wandb_dir = tmp_path / "runs", tmp_path / "wandb"
+    wandb_dir.mkdir()
+    env = {"WANDB_DIR": str(wandb_dir)}
+    # 4 iterations of 128 global steps; one evaluation, at step 512
+    args = [*TINY, "--runs-dir", runs, "--total-timesteps", 512, "--eval-every", 512, "--eval-episodes", 2]
+    proc = launch("ppo_multigpu.py", [*args, "--capture-video", "--track"], nproc=2, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dir = only_run_dir(runs)
+
+    # rank 0 alone logs (one event file) and records (one video, of the one evaluation)
+    assert len(event_files(run_dir)) == 1
+    scalars = read_scalars(run_dir)
+    assert [step for step, _ in scalars["eval/episodic_return"]] == [512]
+    assert [step for step, _ in scalars["eval/episodic_length"]] == [512]
+    assert sorted(p.name for p in (run_dir / "videos").iterdir()) == ["eval-step512.mp4"]
+    assert (run_dir / "videos/eval-step512.mp4").stat().st_size > 1000
+    hyperparameters = tensorboard_text(run_dir, "hyperparameters/text_summary")
+    assert "|eval_every|512|" in hyperparameters and "|batch_size|128|" in hyperparameters
+
+    # W&B: one run for the job (not one per rank), holding the resolved config (flags and derived sizes)
+    (wandb_run,) = wandb_offline_runs(wandb_dir)
+    assert wandb_run["config"]["eval_every"] == 512
+    assert wandb_run["config"]["batch_size"] == 128 and wandb_run["config"]["world_size"] == 2
+    assert list(wandb_dir.glob("wandb/offline-run-*/files/media/videos/**/*.mp4"))
+
+    # the evaluate command, greedy and sampled; a video from it lands next to the run's
+    proc = evaluate(run_dir, "--episodes", 3, "--capture-video")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ppo_multigpu CartPole-v1 at global step 512: return " in proc.stdout
+    assert " ± " in proc.stdout and "over 3 greedy episodes" in proc.stdout
+    assert (run_dir / "videos/evaluate-step512.mp4").is_file()
+    proc = evaluate(run_dir / "checkpoint.pt", "--episodes", 2, "--sample")
+    assert proc.returncode == 0 and "over 2 sampled episodes" in proc.stdout, proc.stdout + proc.stderr
+
+    # resuming (the checkpoint's flags, --track included) continues the same W&B run
+    resume = [*TINY, "--resume", run_dir, "--total-timesteps", 640]  # TINY: the sizes are checked before loading
+    proc = launch("ppo_multigpu.py", resume, nproc=2, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    first, resumed = wandb_offline_runs(wandb_dir)
+    assert resumed["id"] == first["id"]
+    assert resumed["config"]["total_timesteps"] == 640
+
+
+def test_target_return_stops_every_rank_at_the_same_iteration(tmp_path):
+    # every return is >= 0: the first evaluation (after iteration 1, global step 128) stops the job of 8
+    args = [*TINY, "--runs-dir", tmp_path, "--total-timesteps", 1024, "--eval-every", 128, "--eval-episodes", 2]
+    proc = launch("ppo_multigpu.py", [*args, "--target-return", 0], nproc=2, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # torchrun exits 0 only if both ranks did
+    assert "reached --target-return 0.0 at iteration 1 (global step 128)" in proc.stdout
+    run_dir = only_run_dir(tmp_path)
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert (ckpt["iteration"], ckpt["global_step"]) == (1, 128)  # the final checkpoint, at the stop
+    scalars = read_scalars(run_dir)
+    assert [step for step, _ in scalars["eval/episodic_return"]] == [128]
+    assert max(step for step, _ in scalars["charts/SPS"]) == 128  # no rank went on training
+
+
+def test_continuous_target_return_and_evaluate_with_normalisation(tmp_path):
+    pytest.importorskip("mujoco")
+    args = [*CONTINUOUS_TINY, "--runs-dir", tmp_path, "--total-timesteps", 512, "--eval-every", 128]
+    proc = launch(
+        "ppo_continuous_action_multigpu.py", [*args, "--eval-episodes", 2, "--target-return", 0], nproc=2, timeout=240
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "reached --target-return 0.0 at iteration 1 (global step 128)" in proc.stdout
+    run_dir = only_run_dir(tmp_path)
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert ckpt["iteration"] == 1 and ckpt["agent_kwargs"] == dict(obs_dim=4, action_dim=1)
+    assert [step for step, _ in read_scalars(run_dir)["eval/episodic_return"]] == [128]
+    proc = evaluate(run_dir, "--episodes", 2)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ppo_continuous_action_multigpu InvertedPendulum-v5 at global step 128: return " in proc.stdout
+
+
+@pytest.mark.parametrize("problem", ["missing", "corrupt", "foreign", "other-script"])
+def test_evaluate_rejects_bad_checkpoints_in_one_line(tmp_path, problem):
+    path = tmp_path / "checkpoint.pt"
+    if problem == "corrupt":
+        path.write_bytes(b"PK\x03\x04 not a whole zip file")
+    elif problem == "foreign":
+        torch.save({"model": torch.zeros(3)}, path)
+    elif problem == "other-script":
+        torch.save({"script": "ppo_atari_multigpu", "args": {}}, path)  # an Atari checkpoint without agent_kwargs
+    proc = evaluate(tmp_path if problem == "missing" else path)
+    expected = {
+        "missing": "no checkpoint at",
+        "corrupt": "is truncated or corrupt",
+        "foreign": "is not a checkpoint of a cleanrl_ddp script",
+        "other-script": "ppo_atari_multigpu checkpoints cannot be evaluated yet",
+    }[problem]
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stdout + proc.stderr
+    assert lines[0].startswith("evaluate: error: ") and expected in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("script", ["ppo_multigpu.py", "ppo_continuous_action_multigpu.py"])
+def test_eval_flags_are_checked(script):
+    from helpers import assert_one_line_error
+
+    proc = launch(script, ["--target-return", 10], nproc=0, timeout=120)
+    assert_one_line_error(proc, "--target-return needs --eval-every", script)
