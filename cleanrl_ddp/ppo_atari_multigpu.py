@@ -17,6 +17,7 @@ averaged across ranks each minibatch (DDP, or one flattened all-reduce with `--g
 so all ranks hold the same weights and together consume `--total-timesteps` agent steps.
 """
 
+import io
 import os
 import random
 import re
@@ -25,7 +26,7 @@ import sys
 import time
 from collections import deque
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from datetime import timedelta
 from typing import Literal, Optional
 
@@ -45,6 +46,8 @@ EXIT_BAD_INPUT = 2
 """exit code: invalid flags, environment, checkpoint or run directory (nothing was overwritten)"""
 EXIT_DIVERGED = 3
 """exit code: `--sync-check-every` found replicas whose parameters or optimizer state differ"""
+EXIT_LOST_RANK = 4
+"""exit code: a collective failed: another rank died, stalled past `--dist-timeout`, or the network broke"""
 EXIT_PREEMPTED = 75
 """exit code: stopped by SIGTERM/SIGUSR1 after saving a checkpoint; relaunch to resume (EX_TEMPFAIL)"""
 
@@ -130,7 +133,7 @@ class Args:
     checkpoint_every: int = 25
     """write checkpoint.pt every N iterations (0 = only at the end and on preemption)"""
     resume: Optional[str] = None
-    """continue from a run directory or a checkpoint.pt file"""
+    """continue from a run directory or a checkpoint.pt file (its flags are the defaults; flags given here win)"""
 
 
 def derive_sizes(args: Args, world_size: int) -> dict:
@@ -403,6 +406,14 @@ class RunError(Exception):
         self.code = code
 
 
+def lost_rank_message(e: Exception) -> Optional[str]:
+    """The reason, if `e` is what a collective raises when a peer died or stalled past the timeout, else None."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if not (isinstance(e, dist.DistError) or (isinstance(e, RuntimeError) and "gloo" in text.lower())):
+        return None
+    return text.split("] ", 1)[-1].split(". This is typically", 1)[0][:160]  # drop the C++ source prefix
+
+
 def read_launch_env() -> tuple[int, int, int, int]:
     """(rank, local_rank, world_size, local_world_size) from torchrun's or SLURM's variables."""
     env = os.environ
@@ -432,12 +443,34 @@ def launch_id() -> str:
     return str(int(time.time()))
 
 
+def check_elastic_restarts(args: Args) -> None:
+    """Under torchrun --max-restarts, refuse launches whose restarted workers could not continue the run."""
+    if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", 0)) == 0:
+        return
+    # torchrun shares one TCPStore across restarts (torch >= 2.4, and always with the static rendezvous):
+    # restarted workers read the previous attempt's addresses and fail to connect (pytorch#135712).
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        raise RunError(
+            "torchrun --max-restarts needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 exported and the c10d rendezvous "
+            "(--standalone, or --rdzv-backend=c10d): otherwise restarted workers fail to connect (pytorch#135712)"
+        )
+    stable_id = os.environ.get("TORCHELASTIC_RUN_ID", "none") not in ("", "none") or "SLURM_JOB_ID" in os.environ
+    if not stable_id and args.run_name is None:  # launch_id() would be a time stamp: a restart starts a new run
+        raise RunError("torchrun --max-restarts needs a run name that survives restarts: pass --rdzv-id=JOB_ID")
+
+
 def atomic_save(obj, path: str) -> None:
-    """Write `obj` so that a crash at any instant leaves either the old or the new file, never a torn one."""
+    """Write `obj` so that a crash at any instant leaves either the old or the new file, never a torn one.
+
+    Serialised in memory first, so that a full disk raises a plain OSError (ENOSPC, EFBIG) from
+    `write`, not an error from inside torch's zip writer.
+    """
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
-            torch.save(obj, f)
+            f.write(buffer.getbuffer())
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -452,8 +485,8 @@ def atomic_save(obj, path: str) -> None:
         os.close(dir_fd)
 
 
-def load_checkpoint(path: str, args: Args) -> dict:
-    """Load and validate a checkpoint of this script and env; raise RunError with the reason."""
+def load_checkpoint(path: str) -> dict:
+    """Load and validate a checkpoint of this script; raise RunError with the reason."""
     if os.path.isdir(path):
         path = os.path.join(path, "checkpoint.pt")
     if not os.path.isfile(path):
@@ -465,8 +498,9 @@ def load_checkpoint(path: str, args: Args) -> dict:
     if not isinstance(ckpt, dict) or ckpt.get("script") != SCRIPT:
         found = ckpt.get("script") if isinstance(ckpt, dict) else type(ckpt).__name__
         raise RunError(f"--resume: {path} was written by {found!r}, not {SCRIPT}")
-    if ckpt["args"]["env_id"] != args.env_id:
-        raise RunError(f"--resume: {path} trained {ckpt['args']['env_id']}, not --env-id {args.env_id}")
+    missing = {"args", "world_size", "sizes", "iteration", "global_step", "agent", "optimizer", "rng"} - ckpt.keys()
+    if missing:
+        raise RunError(f"--resume: {path} lacks {', '.join(sorted(missing))}; it was left as it is")
     return ckpt
 
 
@@ -489,6 +523,10 @@ def main() -> int:
     args = tyro.cli(Args)
     rank, local_rank, world_size, local_world_size = read_launch_env()
     is_main = rank == 0  # rank-0 decisions use the GLOBAL rank; the device uses the LOCAL rank
+    # Preemption: SIGTERM/SIGUSR1 only set a flag; all ranks stop together at the next iteration boundary.
+    stop_signal = []
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, lambda signum, frame: stop_signal.append(signum))
     try:
         sizes = derive_sizes(args, world_size)
         ale_game(args.env_id)
@@ -497,8 +535,11 @@ def main() -> int:
         for name in ("checkpoint_every", "sync_check_every"):
             if getattr(args, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be 0 (off) or positive")
+        if not args.dist_timeout > 0:
+            raise ValueError(f"--dist-timeout must be positive (seconds), got {args.dist_timeout}")
     except ValueError as e:
         raise RunError(str(e))
+    check_elastic_restarts(args)
     if args.sync_check_every and world_size == 1:
         args.sync_check_every = 0  # nothing to compare
 
@@ -539,15 +580,25 @@ def main() -> int:
             resume_from = args.resume
             if resume_from is None and os.path.isfile(os.path.join(run_dir, "checkpoint.pt")):
                 resume_from = run_dir  # an elastic restart or a requeued job: continue the same run
-            ckpt = load_checkpoint(resume_from, args) if resume_from else None
+            ckpt = load_checkpoint(resume_from) if resume_from else None
             if ckpt is not None:
                 if args.resume:  # continue writing into the directory of the checkpoint
                     run_dir = args.resume if os.path.isdir(args.resume) else os.path.dirname(args.resume) or "."
+                # A resumed run takes the checkpoint's flags as its defaults (same schedule, seed, env);
+                # flags given on this command line still win.
+                saved = {k: v for k, v in ckpt["args"].items() if k in {f.name for f in fields(Args)}}
+                args = tyro.cli(Args, default=Args(**saved))
+                if args.env_id != saved["env_id"]:
+                    raise RunError(f"--resume: {resume_from} trained {saved['env_id']}, not --env-id {args.env_id}")
                 if ckpt["world_size"] != world_size:
                     raise RunError(
                         f"--resume: the checkpoint was written with world size {ckpt['world_size']} (global batch "
                         f"{ckpt['sizes']['batch_size']}); relaunch with {ckpt['world_size']} processes"
                     )
+                try:
+                    sizes = derive_sizes(args, world_size)
+                except ValueError as e:
+                    raise RunError(str(e))
             try:
                 os.makedirs(run_dir, exist_ok=True)
                 probe = os.path.join(run_dir, f".write-test.{os.getpid()}")
@@ -555,7 +606,7 @@ def main() -> int:
                 os.remove(probe)
             except OSError as e:
                 raise RunError(f"cannot write to the run directory {run_dir}: {e.strerror}")
-            setup = dict(run_dir=run_dir, ckpt=ckpt)
+            setup = dict(run_dir=run_dir, ckpt=ckpt, args=args, sizes=sizes)
         except RunError as e:
             setup = e
     if world_size > 1:
@@ -564,7 +615,7 @@ def main() -> int:
         setup = box[0]
     if isinstance(setup, RunError):
         raise setup
-    run_dir, ckpt = setup["run_dir"], setup["ckpt"]
+    run_dir, ckpt, args, sizes = setup["run_dir"], setup["ckpt"], setup["args"], setup["sizes"]
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = ckpt["global_step"] if ckpt else 0
 
@@ -576,8 +627,8 @@ def main() -> int:
         if args.track:
             import wandb
 
-            wandb_run_id = wandb_run_id or wandb.util.generate_id()
-            wandb.init(
+            # a resumed run passes the id saved in its checkpoint; a new one keeps the id W&B chose
+            wandb_run_id = wandb.init(
                 project=args.wandb_project_name,
                 entity=args.wandb_entity,
                 sync_tensorboard=True,
@@ -586,7 +637,7 @@ def main() -> int:
                 id=wandb_run_id,
                 resume="allow",
                 save_code=True,
-            )
+            ).id
         # purge_step drops events a crashed attempt logged after the checkpoint: no duplicate steps
         writer = SummaryWriter(run_dir, purge_step=global_step + 1 if ckpt else None)
         writer.add_text(
@@ -634,11 +685,6 @@ def main() -> int:
     env_seed0 = args.seed + rank * local_num_envs + (start_iteration - 1) * sizes["num_envs"]
     next_obs, info = envs.reset(seed=np.arange(env_seed0, env_seed0 + local_num_envs))
     prev_lives = info["lives"]
-
-    # Preemption: SIGTERM/SIGUSR1 only set a flag; all ranks stop together at the next iteration boundary.
-    stop_signal = []
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(sig, lambda signum, frame: stop_signal.append(signum))
 
     # ALGO Logic: Storage setup. Frames stay uint8 (the network scales them), so a 128-step rollout of
     # 4 envs is 14 MB instead of 58 MB, stored height x width x stack (NHWC): a minibatch gathered from
@@ -832,6 +878,7 @@ def main() -> int:
                 all_rng = [rng_states(device)]
             error = None
             if is_main:
+                writer.flush()  # the events up to this checkpoint reach the file first: a crash after it loses none
                 ckpt_out = dict(
                     script=SCRIPT,
                     args=asdict(args),
@@ -846,7 +893,7 @@ def main() -> int:
                 )
                 try:
                     atomic_save(ckpt_out, os.path.join(run_dir, "checkpoint.pt"))
-                except OSError as e:
+                except OSError as e:  # disk full, quota, file size limit, read-only: every rank stops
                     error = f"could not write {run_dir}/checkpoint.pt ({e.strerror}); the previous checkpoint is intact"
             if world_size > 1:
                 box = [error]
@@ -883,7 +930,20 @@ if __name__ == "__main__":
         if int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0))) == 0:
             print(f"{SCRIPT}: error: {e}", file=sys.stderr, flush=True)
         exit_code = e.code
+    except Exception as e:
+        # A failed collective: the other ranks cannot be told, so every surviving rank says it, in one line.
+        reason = lost_rank_message(e)
+        if reason is None:
+            raise
+        rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0))
+        print(
+            f"{SCRIPT}: error: rank {rank} lost contact with the other ranks ({reason}): a rank died, stalled "
+            "longer than --dist-timeout, or the network failed; relaunch to resume from the last checkpoint",
+            file=sys.stderr,
+            flush=True,
+        )
+        exit_code = EXIT_LOST_RANK
     finally:
-        if dist.is_initialized():
+        if dist.is_initialized() and exit_code != EXIT_LOST_RANK:  # teardown could wait on the lost peers
             dist.destroy_process_group()
     sys.exit(exit_code)
