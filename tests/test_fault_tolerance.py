@@ -74,6 +74,14 @@ CONTINUOUS = Script(
     learning_rate=3e-4,
     needs="mujoco",
 )
+ATARI = Script(
+    "ppo_atari_multigpu.py",
+    "BreakoutNoFrameskip-v4",
+    "PongNoFrameskip-v4",
+    ("--local-num-envs", 1, "--num-steps", 16, "--num-minibatches", 1, "--update-epochs", 1),
+    local_steps=16,
+    learning_rate=2.5e-4,
+)
 
 
 def case(script: Script, *values, name: str = "") -> pytest.param:
@@ -88,7 +96,8 @@ def case(script: Script, *values, name: str = "") -> pytest.param:
 SCRIPTS = [
     case(PPO),
     case(CONTINUOUS),
-    # next: ppo_atari_multigpu.py and dqn_atari_multigpu.py, a Script each, once they carry the core
+    case(ATARI),
+    # next: dqn_atari_multigpu.py, a Script, once it carries the core
 ]
 
 
@@ -257,6 +266,7 @@ def corrupt(kind: str, source: Path, target: Path, script: Script) -> str:
             r"lacks agent, global_step, iteration, obs_stats, optimizer, return_stats, rng, sizes, world_size",
             name="incomplete",
         ),
+        case(ATARI, "truncated", r"checkpoint.pt is truncated or corrupt .*left as it is", name="truncated"),
     ],
 )
 def test_bad_checkpoint_is_one_line_and_left_untouched(tmp_path, finished_runs, script, kind, pattern):
