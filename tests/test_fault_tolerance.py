@@ -43,8 +43,9 @@ class Script:
     other_env_id: str  # one this script accepts, to resume a checkpoint of `env_id` with
     tiny: tuple  # every rank steps `local_steps` env steps per iteration
     local_steps: int
-    learning_rate: float  # the default, for the schedule check
+    learning_rate: float | None  # the default, for the schedule check (None: not annealed)
     needs: str = ""  # a module the script imports beyond the test extra: its tests skip without it
+    tags: tuple = ("losses/value_loss", "charts/learning_rate")  # logged once per iteration
 
     @property
     def stem(self) -> str:
@@ -82,6 +83,18 @@ ATARI = Script(
     local_steps=16,
     learning_rate=2.5e-4,
 )
+# --checkpoint-every and --log-every count global steps (4 per iteration here): every iteration logs and,
+# under --checkpoint-every 1 or 2, saves; updates start at global step 64 (after a resume, 64 steps later)
+DQN = Script(
+    "dqn_atari_multigpu.py",
+    "BreakoutNoFrameskip-v4",
+    "PongNoFrameskip-v4",
+    ("--local-num-envs", 2, "--buffer-size", 32, "--learning-starts", 64, "--train-frequency", 16)
+    + ("--local-batch-size", 4, "--target-network-frequency", 32, "--log-every", 4),
+    local_steps=2,
+    learning_rate=None,
+    tags=("charts/epsilon", "charts/updates"),
+)
 
 
 def case(script: Script, *values, name: str = "") -> pytest.param:
@@ -97,7 +110,7 @@ SCRIPTS = [
     case(PPO),
     case(CONTINUOUS),
     case(ATARI),
-    # next: dqn_atari_multigpu.py, a Script, once it carries the core
+    case(DQN),
 ]
 
 
@@ -118,9 +131,11 @@ def assert_steps_complete(run_dir, iterations, script: Script, nproc=2):
     """One TensorBoard point per iteration: no step missing, none twice (purge_step after restarts)."""
     steps_per_iter = script.local_steps * nproc
     scalars = read_scalars(run_dir)
-    for tag in ("losses/value_loss", "charts/learning_rate"):
+    for tag in script.tags:
         steps = [s for s, _ in scalars[tag]]
         assert steps == [i * steps_per_iter for i in range(1, iterations + 1)], (tag, steps)
+    if script.learning_rate is None:
+        return
     # the annealed learning rate continues where it stopped: frac = 1 - (iteration - 1) / num_iterations
     for step, lr in scalars["charts/learning_rate"]:
         expected = script.learning_rate * (1 - (step // steps_per_iter - 1) / iterations)
@@ -267,6 +282,13 @@ def corrupt(kind: str, source: Path, target: Path, script: Script) -> str:
             name="incomplete",
         ),
         case(ATARI, "truncated", r"checkpoint.pt is truncated or corrupt .*left as it is", name="truncated"),
+        case(
+            DQN,
+            "incomplete",
+            r"lacks global_step, iteration, num_target_updates, num_updates, optimizer, q_network, rng, sizes, "
+            "target_network, world_size",
+            name="incomplete",
+        ),
     ],
 )
 def test_bad_checkpoint_is_one_line_and_left_untouched(tmp_path, finished_runs, script, kind, pattern):
