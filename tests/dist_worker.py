@@ -1,16 +1,19 @@
 """What `torchrun` launches for tests/test_distributed_correctness.py, and the table of scripts it covers.
 
-    torchrun ... tests/dist_worker.py unit    OUTDIR cleanrl_ddp/<script>.py
+    torchrun ... tests/dist_worker.py unit    OUTDIR cleanrl_ddp/<script>.py [cleanrl_ddp/<script>.py ...]
     torchrun ... tests/dist_worker.py observe OUTDIR cleanrl_ddp/<script>.py [script flags...]
     torchrun ... tests/dist_worker.py diverge OUTDIR cleanrl_ddp/<script>.py [script flags...]
 
-`unit` imports the script's own Agent, ppo_loss, all_reduce_gradients_flat and check_replicas_in_sync and
-compares one distributed update with the single-process update on the union of the local minibatches.
+`unit` imports each listed script's own network, loss (ppo_loss or td_loss), all_reduce_gradients_flat and
+check_replicas_in_sync and compares distributed updates with the single-process updates on the union of the
+local minibatches; one launch covers several scripts.
 `observe` runs the real script unchanged (runpy, as `__main__`) and records from outside what every
 rank did: env seeds, env steps, sampled actions, RNG streams, optimizer steps, parameters before the
-first update, final parameters and optimizer state, files opened for writing. `diverge` does the same and nudges
-one parameter on rank 1 after its second optimizer step, for `--sync-check-every` to catch.
-Each rank writes OUTDIR/rank{R}.pt (observe, diverge) or OUTDIR/unit_rank{R}.json (unit).
+first update, final parameters and optimizer state, the env step of every optimizer step, target networks
+(DQN) at the first update and at the end and the env steps at which they were synced, files opened for
+writing. `diverge` does the same and nudges one parameter on rank 1 after its second optimizer step, for
+`--sync-check-every` to catch.
+Each rank writes OUTDIR/rank{R}.pt (observe, diverge) or OUTDIR/<script>_unit_rank{R}.json (unit).
 """
 
 import copy
@@ -45,7 +48,16 @@ class ScriptSpec:
     local_batch: int = 0
     """local_num_envs x num_steps under `tiny`"""
     target_kl: list = field(default_factory=list)
-    """flags under which the per-rank (local) KLs cross --target-kl at different epochs"""
+    """flags under which the per-rank (local) KLs cross --target-kl at different epochs (PPO; empty: no --target-kl)"""
+    iterations: dict = field(default_factory=lambda: {2: 6, 3: 4})
+    """world size -> iterations of the whole-script runs"""
+    dqn: bool = False
+    """a DQN script: td_loss with a target network (the script's own class), no --target-kl, no gradient clipping;
+    the whole-script runs also record the target network"""
+    update_rtol: float = 1e-5
+    """tolerance of the parameter change in the equivalence test (the gradients are held to 1e-5 for every script)"""
+    two_nodes: bool = True
+    """whether tests run the two-node launch and the diverged run for this script (launch budget)"""
 
 
 SCRIPTS = {
@@ -77,6 +89,23 @@ SCRIPTS = {
             local_batch=32,
             target_kl=["--update-epochs", "8", "--learning-rate", "0.01", "--target-kl", "0.003"],
         ),
+        ScriptSpec(
+            "dqn_atari_multigpu.py",  # Breakout: 4 actions; uint8 frame stacks, NCHW
+            make_agent=lambda m: m.QNetwork(4),
+            make_obs=lambda n, g: torch.randint(0, 256, (n, 4, 84, 84), generator=g, dtype=torch.uint8),
+            # 2 envs per rank; updates from global step 64, one per 4 global steps (8 transitions per rank);
+            # target syncs every 32 global steps; epsilon stays high (random actions on every rank)
+            tiny=["--local-num-envs", "2", "--buffer-size", "240", "--learning-starts", "64", "--train-frequency", "4"]
+            + ["--local-batch-size", "8", "--target-network-frequency", "32", "--exploration-fraction", "2.0"]
+            + ["--log-every", "16", "--checkpoint-every", "0"],
+            local_batch=2,  # env steps per rank per iteration: --local-num-envs
+            iterations={2: 36, 3: 24},
+            dqn=True,
+            # the script's Adam eps is 1e-8 (CleanRL's), not PPO's 1e-5: Adam divides by |gradient| + eps, so entries
+            # with gradients near fp32 rounding noise move by up to lr either way (measured 1.5e-5 relative)
+            update_rtol=1e-4,
+            two_nodes=False,
+        ),
     ]
 }
 
@@ -90,8 +119,27 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 # ---------------------------------------------------------------------------------------------- unit
-def unit(outdir: Path, script_path: str) -> None:
-    import torch.distributed as dist
+def ppo_batch(mod, spec, agent0, n, g):
+    """A PPO global batch: ratios != 1 (clipping is exercised), advantages not yet normalised (ppo_loss does it)."""
+    obs = spec.make_obs(n, g)
+    with torch.no_grad():
+        actions, logprobs, _, values = agent0.get_action_and_value(obs)
+    logprobs = logprobs + 0.3 * torch.randn(logprobs.shape, generator=g)
+    values = values.reshape(-1)
+    advantages = 2.0 * torch.randn(n, generator=g) + 0.5
+    returns = values + torch.randn(n, generator=g)
+    return obs, actions, logprobs, advantages, returns, values
+
+
+def dqn_batch(mod, spec, agent0, n, g):
+    """A DQN global batch of transitions; a quarter of them terminal."""
+    actions = torch.randint(0, 4, (n,), generator=g)
+    rewards = torch.randint(-1, 2, (n,), generator=g).float()
+    terminated = (torch.rand(n, generator=g) < 0.25).float()
+    return spec.make_obs(n, g), actions, rewards, spec.make_obs(n, g), terminated
+
+
+def unit_script(script_path: str, rank: int, world_size: int) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     # import the very file under test (not whatever `cleanrl_ddp` package is installed)
@@ -99,11 +147,9 @@ def unit(outdir: Path, script_path: str) -> None:
     mod = sys.modules[module_spec.name] = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(mod)
     spec = SCRIPTS[Path(script_path).name]
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    rank, world_size = dist.get_rank(), dist.get_world_size()
     args = mod.Args()
-    assert args.norm_adv, "the equivalence must hold with advantage normalisation on"
+    if not spec.dqn:
+        assert args.norm_adv, "the equivalence must hold with advantage normalisation on"
 
     # One global batch, the same on every rank; rank r's minibatch k is slice r of global minibatch k.
     torch.manual_seed(0)
@@ -111,39 +157,42 @@ def unit(outdir: Path, script_path: str) -> None:
     local_mb, num_updates = 8, 3
     n = num_updates * world_size * local_mb
     g = torch.Generator().manual_seed(1)
-    obs = spec.make_obs(n, g)
-    with torch.no_grad():
-        actions, logprobs, _, values = agent0.get_action_and_value(obs)
-    logprobs = logprobs + 0.3 * torch.randn(logprobs.shape, generator=g)  # ratios != 1: clipping is exercised
-    values = values.reshape(-1)
-    advantages = 2.0 * torch.randn(n, generator=g) + 0.5  # not yet normalised: ppo_loss normalises
-    returns = values + torch.randn(n, generator=g)
-    batch = (obs, actions, logprobs, advantages, returns, values)
+    batch = (dqn_batch if spec.dqn else ppo_batch)(mod, spec, agent0, n, g)
+    # DQN: the target network is the start's online network (as in the script), fixed during these updates
+    target_network = copy.deepcopy(agent0)
 
     def run(grad_sync: str, distributed: bool):
         """`num_updates` updates the way the script makes them; returns (grads before clipping, final params)."""
         agent = copy.deepcopy(agent0)
         model = DDP(agent) if distributed and grad_sync == "ddp" else agent
-        optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+        if spec.dqn:  # the script's optimizer: Adam with its default eps, no gradient clipping
+            optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate)
+        else:
+            optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
         grads = []
         for k in range(num_updates):
             rows = slice(k * world_size * local_mb, (k + 1) * world_size * local_mb)  # the global minibatch
             if distributed:
                 start = k * world_size * local_mb + rank * local_mb
                 rows = slice(start, start + local_mb)
-            loss, _ = mod.ppo_loss(model, *(t[rows] for t in batch), args, world_size if distributed else 1)
+            minibatch = (t[rows] for t in batch)
+            if spec.dqn:
+                loss, _ = mod.td_loss(model, target_network, *minibatch, args.gamma)
+            else:
+                loss, _ = mod.ppo_loss(model, *minibatch, args, world_size if distributed else 1)
             optimizer.zero_grad(set_to_none=False)
             loss.backward()
             if distributed and grad_sync == "flat":
                 mod.all_reduce_gradients_flat(list(agent.parameters()), world_size)
             grads.append(flat_params(p.grad for p in agent.parameters()))
-            torch.nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+            if not spec.dqn:
+                torch.nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
             optimizer.step()
         return grads, flat_params(agent.parameters()), agent, optimizer
 
     ref_grads, ref_params, _, _ = run("ddp", distributed=False)
     start = flat_params(agent0.parameters())
-    out = dict(rank=rank, world_size=world_size)
+    out = dict(script=spec.script, rank=rank, world_size=world_size)
     finals = {}
     for grad_sync in ("ddp", "flat"):
         grads, params, agent, optimizer = run(grad_sync, distributed=True)
@@ -155,18 +204,24 @@ def unit(outdir: Path, script_path: str) -> None:
     out["ddp_vs_flat_update_rel_err"] = rel_err(finals["ddp"] - start, finals["flat"] - start)
     out["ddp_vs_flat_max_abs_diff"] = float((finals["ddp"] - finals["flat"]).abs().max())
 
-    # --sync-check-every: in-sync replicas pass; one ulp of one parameter, or of Adam's state, on rank 1 is caught.
+    # --sync-check-every: in-sync replicas pass; one ulp of one parameter, or of Adam's state, on rank 1 is caught
+    # (DQN: also one ulp of the target network, which the script checks together with the online network).
+    replicas = agent
+    nudged = [("param", next(agent.parameters()).data)]
+    if spec.dqn:
+        replicas = torch.nn.ModuleDict(dict(q_network=agent, target_network=target_network))
+        nudged.append(("target", next(target_network.parameters()).data))
+    nudged.append(("exp_avg", optimizer.state[next(agent.parameters())]["exp_avg"]))
+
     def sync_check_message():
         try:
-            mod.check_replicas_in_sync(agent, optimizer, 7, world_size)
+            mod.check_replicas_in_sync(replicas, optimizer, 7, world_size)
         except RuntimeError as e:
             return str(e)
         return None
 
     out["sync_check_in_sync"] = sync_check_message()
-    p = next(agent.parameters())
-    exp_avg = optimizer.state[p]["exp_avg"]
-    for name, tensor in (("param", p.data), ("exp_avg", exp_avg)):
+    for name, tensor in nudged:
         saved = tensor.clone()
         if rank == 1:
             first = (0,) * tensor.dim()
@@ -174,7 +229,18 @@ def unit(outdir: Path, script_path: str) -> None:
         out[f"sync_check_{name}_nudged"] = sync_check_message()
         tensor.copy_(saved)
     out["sync_check_restored"] = sync_check_message()
-    (outdir / f"unit_rank{rank}.json").write_text(json.dumps(out, indent=1))
+    return out
+
+
+def unit(outdir: Path, script_paths: list) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    for script_path in script_paths:
+        out = unit_script(script_path, rank, world_size)
+        (outdir / f"{Path(script_path).stem}_unit_rank{rank}.json").write_text(json.dumps(out, indent=1))
     dist.destroy_process_group()
 
 
@@ -196,13 +262,37 @@ def observe(outdir: Path, script_path: str, script_args: list, nudge_after_step:
         actions=[],
         rng_at_first_step=None,
         optimizer_steps=0,
+        update_env_steps=[],  # this rank's env steps so far, at each optimizer step
         params_before_first_update=None,
+        targets_before_first_update=None,  # DQN: target networks (script's network class, not optimised)
+        target_sync_env_steps=[],  # DQN: this rank's env steps so far, when a target network was found changed
         files_written=[],
         summary_writers=[],
         dist_rank=None,
         exit_code=None,
     )
     optimizers = []
+    spec = SCRIPTS[Path(script_path).name]
+    networks = []  # DQN: every instance of the script's network class that ran forward
+    targets = []  # DQN: those whose parameters no optimizer holds
+    target_versions = []
+
+    if spec.dqn:
+        from torch.nn.modules.module import register_module_forward_hook
+
+        def record_network(module, inputs, output):
+            if type(module).__name__ == "QNetwork" and not any(module is m for m in networks):
+                networks.append(module)
+
+        register_module_forward_hook(record_network)
+
+    def target_version():
+        return sum(p._version for t in targets for p in t.parameters())  # in-place copies raise it
+
+    def note_target_sync():
+        if targets and target_version() != target_versions[-1]:
+            target_versions.append(target_version())
+            rec["target_sync_env_steps"].append(rec["env_steps"])
 
     def wrap_vector_env(cls):
         reset, step = cls.reset, cls.step
@@ -222,6 +312,7 @@ def observe(outdir: Path, script_path: str, script_args: list, nudge_after_step:
                     numpy=digest(np.random.get_state()[1]),
                     python=digest(np.array(random.getstate()[1])),
                 )
+            note_target_sync()  # a sync in the previous iteration
             rec["env_steps"] += self.num_envs
             if len(rec["actions"]) < 256:
                 rec["actions"] += np.asarray(actions).reshape(self.num_envs, -1).tolist()
@@ -244,9 +335,14 @@ def observe(outdir: Path, script_path: str, script_args: list, nudge_after_step:
             optimizers.append(optimizer)
         if rec["params_before_first_update"] is None:
             rec["params_before_first_update"] = flat_params(p for g in optimizer.param_groups for p in g["params"])
+            optimised = {id(p) for g in optimizer.param_groups for p in g["params"]}
+            targets.extend(m for m in networks if not any(id(p) in optimised for p in m.parameters()))
+            rec["targets_before_first_update"] = [flat_params(t.parameters()) for t in targets]
+            target_versions.append(target_version())
 
     def after_step(optimizer, a, kw):
         rec["optimizer_steps"] += 1
+        rec["update_env_steps"].append(rec["env_steps"])
         if nudge_after_step and rank == 1 and rec["optimizer_steps"] == nudge_after_step:
             with torch.no_grad():
                 p = optimizer.param_groups[0]["params"][0]
@@ -290,6 +386,8 @@ def observe(outdir: Path, script_path: str, script_args: list, nudge_after_step:
             opt = optimizers[0]
             rec["final_params"] = flat_params(p for g in opt.param_groups for p in g["params"])
             rec["final_optimizer"] = copy.deepcopy(opt.state_dict())
+        note_target_sync()  # a sync in the last iteration
+        rec["final_targets"] = [flat_params(t.parameters()) for t in targets]
         builtins.open, os.replace = builtin_open, os_replace
         torch.save(rec, outdir / f"rank{rank}.pt")
 
@@ -299,6 +397,6 @@ if __name__ == "__main__":
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     if mode == "unit":
-        unit(outdir, script_path)
+        unit(outdir, [script_path, *script_args])
     else:
         observe(outdir, script_path, script_args, nudge_after_step=2 if mode == "diverge" else 0)

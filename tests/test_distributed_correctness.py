@@ -1,8 +1,9 @@
 """The nine distributed guarantees of docs/correctness.md, proven for every script in `SCRIPTS`.
 
 Two kinds of test, both on CPU with gloo and the real `torchrun`:
-- unit: tests/dist_worker.py imports the script's own Agent, ppo_loss, all_reduce_gradients_flat and
-  check_replicas_in_sync and compares a 2-rank update with the single-process one (guarantees 3, 4);
+- unit: tests/dist_worker.py imports the script's own network, loss (ppo_loss, or DQN's td_loss),
+  all_reduce_gradients_flat and check_replicas_in_sync and compares a 2-rank update with the single-process
+  one (guarantees 3, 4); one launch for all scripts;
 - whole script: tests/dist_worker.py runs the unchanged script under `torchrun` and records from
   outside what every rank did (guarantees 1, 2, 5-9).
 A new script is covered by adding one `ScriptSpec` to `SCRIPTS` in tests/dist_worker.py.
@@ -38,9 +39,10 @@ class Run:
     """One instrumented whole-script run (world size, gradient path), read back once for several tests."""
 
     def __init__(self, spec, grad_sync: str, nproc: int, outdir: Path, two_nodes: bool = False):
-        self.spec, self.world_size, self.iterations = spec, nproc, {2: 6, 3: 4}[nproc]
-        self.batch_size = nproc * spec.local_batch
-        self.total = self.iterations * self.batch_size + self.batch_size // 2 + 3  # not a multiple of the batch
+        self.spec, self.world_size, self.iterations = spec, nproc, spec.iterations[nproc]
+        self.batch_size = nproc * spec.local_batch  # env steps of all ranks per iteration
+        # not a multiple of the batch
+        self.total = self.iterations * self.batch_size + min(self.batch_size // 2 + 3, self.batch_size - 1)
         flags = ["--grad-sync", grad_sync, "--total-timesteps", self.total, "--sync-check-every", "1"]
         flags += ["--torch-deterministic"]
         self.flags = flags
@@ -86,16 +88,29 @@ def run(request, tmp_path_factory):
     return get_run(tmp_path_factory, *request.param)
 
 
-@pytest.fixture(scope="module", params=list(SCRIPTS), ids=[s[:-3] for s in SCRIPTS])
-def unit(request, tmp_path_factory):
-    """The unit-level worker on 2 ranks: a list of per-rank result dicts."""
-    outdir = tmp_path_factory.mktemp(f"unit-{request.param[:-3]}")
-    proc = launch(request.param, nproc=2, timeout=TIMEOUT, wrapper=[WORKER, "unit", outdir])
+@pytest.fixture(scope="module")
+def unit_dir(tmp_path_factory):
+    """One launch of the unit-level worker on 2 ranks, for every script in turn."""
+    outdir = tmp_path_factory.mktemp("unit")
+    scripts = list(SCRIPTS)
+    others = [REPO / "cleanrl_ddp" / s for s in scripts[1:]]
+    proc = launch(scripts[0], others, nproc=2, timeout=TIMEOUT, wrapper=[WORKER, "unit", outdir])
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return [json.loads((outdir / f"unit_rank{r}.json").read_text()) for r in range(2)]
+    return outdir
 
 
-PER_SCRIPT = dict(argnames="script", argvalues=list(SCRIPTS), ids=[s[:-3] for s in SCRIPTS])
+@pytest.fixture(params=list(SCRIPTS), ids=[s[:-3] for s in SCRIPTS])
+def unit(request, unit_dir):
+    """The unit-level results of one script: a list of per-rank result dicts."""
+    return [json.loads((unit_dir / f"{request.param[:-3]}_unit_rank{r}.json").read_text()) for r in range(2)]
+
+
+def per_script(select=lambda spec: True):
+    scripts = [s for s, spec in SCRIPTS.items() if select(spec)]
+    return dict(argnames="script", argvalues=scripts, ids=[s[:-3] for s in scripts])
+
+
+PER_SCRIPT = per_script()
 
 
 def assert_all_equal(tensors, what):
@@ -118,7 +133,15 @@ def assert_state_dicts_equal(a, b, what):
 
 # 1. Same start
 def test_same_start(run):
+    if any(r["params_before_first_update"] is None for r in run.ranks):  # no update at all: why?
+        run.assert_finished()
+        pytest.fail("the run finished without an optimizer step")
     assert_all_equal([r["params_before_first_update"] for r in run.ranks], "parameters before the first update")
+    if run.spec.dqn:  # and the target network, a copy of the online network
+        targets = [r["targets_before_first_update"] for r in run.ranks]
+        assert [len(t) for t in targets] == [1] * run.world_size, [len(t) for t in targets]
+        assert_all_equal([t[0] for t in targets], "target network before the first update")
+        assert torch.equal(targets[0][0], run.ranks[0]["params_before_first_update"])
 
 
 # 2. No drift
@@ -131,6 +154,9 @@ def test_no_drift(run):
     run.assert_finished()  # and --sync-check-every 1 found no difference at any iteration
     assert steps[0] >= 16, steps  # many updates
     assert not torch.equal(run.ranks[0]["final_params"], run.ranks[0]["params_before_first_update"])
+    if run.spec.dqn:  # the target network too, synced at least once since the start
+        assert_all_equal([r["final_targets"][0] for r in run.ranks], "final target network")
+        assert not torch.equal(run.ranks[0]["final_targets"][0], run.ranks[0]["targets_before_first_update"][0])
 
 
 # 3. Equivalence: 2 ranks with their local minibatches == 1 process on the union
@@ -139,7 +165,8 @@ def test_equivalence_with_single_process(unit, grad_sync):
     for r in unit:
         assert r["world_size"] == 2 and r[f"{grad_sync}_moved"] > 1e-3
         assert max(r[f"{grad_sync}_grad_rel_err"]) < 1e-5, r  # averaged gradient of each of 3 minibatches
-        assert r[f"{grad_sync}_update_rel_err"] < 1e-5, r  # parameter change after 3 clipped Adam steps
+        # parameter change after 3 Adam steps (gradients clipped in the PPO scripts)
+        assert r[f"{grad_sync}_update_rel_err"] < SCRIPTS[r["script"]].update_rtol, r
 
 
 # 4. Paths agree
@@ -152,12 +179,12 @@ def test_ddp_and_flat_paths_agree(unit):
 def test_sync_check_names_the_diverged_rank(unit):
     for r in unit:
         assert r["sync_check_in_sync"] is None and r["sync_check_restored"] is None, r
-        for what in ("param", "exp_avg"):  # one ulp of one number on rank 1
+        for what in ("param", "exp_avg", *(["target"] if "sync_check_target_nudged" in r else [])):
             message = r[f"sync_check_{what}_nudged"] or f"one ulp of {what} on rank 1 went unnoticed"
             assert message.startswith("replicas diverged at iteration 7: rank(s) [1] "), message
 
 
-@pytest.mark.parametrize(**PER_SCRIPT)
+@pytest.mark.parametrize(**per_script(lambda spec: spec.two_nodes))
 def test_sync_check_stops_a_diverged_run(tmp_path, script):
     """A parameter nudged on rank 1 after its 2nd optimizer step (iteration 1) stops the run at iteration 2."""
     spec = SCRIPTS[script]
@@ -193,7 +220,7 @@ def test_global_accounting(run):
 
 
 # 7. Same schedule under --target-kl
-@pytest.mark.parametrize(**PER_SCRIPT)
+@pytest.mark.parametrize(**per_script(lambda spec: bool(spec.target_kl)))
 def test_same_schedule_under_target_kl(tmp_path, script):
     spec = SCRIPTS[script]
     iterations = 4
@@ -208,8 +235,39 @@ def test_same_schedule_under_target_kl(tmp_path, script):
     assert_all_equal([r["final_params"] for r in ranks], "final parameters")
 
 
+# 7. Same schedule: every rank updates at the same env steps; DQN's updates and target syncs follow the global step
+def test_same_schedule(run):
+    run.assert_finished()
+    schedules = [r["update_env_steps"] for r in run.ranks]
+    assert all(s == schedules[0] for s in schedules), schedules
+    if not run.spec.dqn:
+        return
+    syncs = [r["target_sync_env_steps"] for r in run.ranks]
+    assert all(s == syncs[0] for s in syncs), syncs
+    tiny = run.spec.tiny
+
+    def flag(name):
+        return int(tiny[tiny.index(name) + 1])
+
+    # global step g = local env steps x world size; updates: one per multiple of --train-frequency passed after
+    # --learning-starts, target syncs one per multiple of --target-network-frequency passed (tau = 1: a copy)
+    n, start = run.batch_size, flag("--learning-starts")
+    expected_updates, expected_syncs = [], []
+    for g in range(n, run.iterations * n + 1, n):
+        if g > start:
+            local = g // run.world_size
+            expected_updates += [local] * (g // flag("--train-frequency") - (g - n) // flag("--train-frequency"))
+            expected_syncs += [local] * (
+                g // flag("--target-network-frequency") > (g - n) // flag("--target-network-frequency")
+            )
+    assert schedules[0] == expected_updates and len(expected_updates) >= 16, (schedules[0], expected_updates)
+    assert syncs[0] == expected_syncs and len(expected_syncs) >= 2, (syncs[0], expected_syncs)
+    ckpt = torch.load(run.run_dir / "checkpoint.pt", weights_only=False)
+    assert (ckpt["num_updates"], ckpt["num_target_updates"]) == (len(expected_updates), len(expected_syncs))
+
+
 # 8. Odd world sizes (the 3-rank runs above) and two nodes
-@pytest.mark.parametrize(**PER_SCRIPT)
+@pytest.mark.parametrize(**per_script(lambda spec: spec.two_nodes))
 def test_two_nodes(tmp_path_factory, script):
     run = get_run(tmp_path_factory, script, two_nodes=True).assert_finished()
     for node_rank, r in enumerate(run.ranks):
@@ -235,5 +293,6 @@ def test_reproducible(tmp_path_factory, tmp_path, script):
         torch.load(d / "checkpoint.pt", weights_only=False) for d in (first.run_dir, only_run_dir(tmp_path))
     )
     assert again["global_step"] == first["global_step"] > 0
-    assert_state_dicts_equal(again["agent"], first["agent"], "agent")
-    assert_state_dicts_equal(again["optimizer"], first["optimizer"], "optimizer")
+    networks = [k for k in ("agent", "q_network", "target_network") if k in first]  # PPO: agent; DQN: the other two
+    for key in [*networks, "optimizer"]:
+        assert_state_dicts_equal(again[key], first[key], key)
