@@ -564,7 +564,8 @@ def main() -> int:
     for sig in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, lambda signum, frame: stop_signal.append(signum))
     try:
-        sizes = derive_sizes(args, world_size)
+        # with --resume the checkpoint's flags are merged in first; rank 0 derives the sizes then
+        sizes = None if args.resume else derive_sizes(args, world_size)
         ale_game(args.env_id)  # raises ValueError for an unknown game
         for name in ("checkpoint_every", "sync_check_every", "eval_every"):
             if getattr(args, name) < 0:

@@ -528,7 +528,8 @@ def main() -> int:
     for sig in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, lambda signum, frame: stop_signal.append(signum))
     try:
-        sizes = derive_sizes(args, world_size)
+        # with --resume the checkpoint's flags are merged in first; rank 0 derives the sizes then
+        sizes = None if args.resume else derive_sizes(args, world_size)
         ale_game(args.env_id)
         if not 0.0 <= sticky_action_probability(args) <= 1.0:
             raise ValueError("--repeat-action-probability must be between 0 and 1")

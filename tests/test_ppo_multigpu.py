@@ -133,3 +133,16 @@ def test_learns_cartpole_with_two_ranks(tmp_path):
     returns = [v for _, v in read_scalars(only_run_dir(tmp_path))["charts/episodic_return"]]
     recent = np.convolve(returns, np.ones(10) / 10, mode="valid")  # mean of 10 iterations' episodes
     assert recent.max() > 400, f"best recent mean return {recent.max():.1f}"
+
+
+def test_resume_takes_sizes_from_the_checkpoint(tmp_path):
+    # A tiny run, then extended with only --total-timesteps: the size flags come from the checkpoint
+    # (the defaults, 4 envs x 128 steps, would not even fit one iteration into this budget).
+    first = launch(SCRIPT, [*TINY, "--total-timesteps", 128, "--runs-dir", tmp_path], nproc=0)
+    assert first.returncode == 0, first.stdout + first.stderr
+    run_dir = only_run_dir(tmp_path)
+    again = launch(SCRIPT, ["--resume", run_dir, "--total-timesteps", 256], nproc=0)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "resuming at iteration 3, global step 128" in again.stdout
+    steps = [s for s, _ in read_scalars(run_dir)["losses/value_loss"]]
+    assert steps == [64, 128, 192, 256]
