@@ -1155,4 +1155,9 @@ if __name__ == "__main__":
     finally:
         if dist.is_initialized() and exit_code != EXIT_LOST_RANK:  # teardown could wait on the lost peers
             dist.destroy_process_group()
-    sys.exit(exit_code)
+    # Leave without interpreter finalization: there, gloo's C++ threads can still call std::terminate
+    # ("terminate called without an active exception", pytorch#179291) and turn a finished run, or the
+    # one-line exit 4 of a lost rank, into SIGABRT. Logs and checkpoints are closed and flushed by now.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)

@@ -375,6 +375,7 @@ def observe(outdir: Path, script_path: str, script_args: list, nudge_after_step:
     SummaryWriter.__init__ = recording_writer_init
 
     sys.argv = [script_path, *script_args]
+    os._exit = raise_system_exit  # the script leaves with os._exit: come back here to record first
     try:
         runpy.run_path(script_path, run_name="__main__")
         rec["exit_code"] = 0
@@ -392,11 +393,29 @@ def observe(outdir: Path, script_path: str, script_args: list, nudge_after_step:
         torch.save(rec, outdir / f"rank{rank}.pt")
 
 
+REAL_EXIT = os._exit
+
+
+def raise_system_exit(code):
+    raise SystemExit(code)
+
+
+def leave(code) -> None:
+    """Exit as the scripts do, without interpreter finalization (where gloo's threads can abort)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    REAL_EXIT(code if isinstance(code, int) else (0 if code is None else 1))
+
+
 if __name__ == "__main__":
     mode, outdir, script_path, *script_args = sys.argv[1:]
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
-    if mode == "unit":
-        unit(outdir, [script_path, *script_args])
-    else:
-        observe(outdir, script_path, script_args, nudge_after_step=2 if mode == "diverge" else 0)
+    try:
+        if mode == "unit":
+            unit(outdir, [script_path, *script_args])
+        else:
+            observe(outdir, script_path, script_args, nudge_after_step=2 if mode == "diverge" else 0)
+    except SystemExit as e:
+        leave(e.code)
+    leave(0)
