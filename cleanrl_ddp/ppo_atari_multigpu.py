@@ -930,9 +930,9 @@ if __name__ == "__main__":
     except RunError as e:
         if int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0))) == 0:
             print(f"{SCRIPT}: error: {e}", file=sys.stderr, flush=True)
-        else:
-            # Every rank found the same error; let rank 0 print it first: torchrun stops the other ranks
-            # as soon as one exits, and would otherwise kill rank 0 before it says why.
+        elif not dist.is_initialized():
+            # Every rank found the same bad input before the ranks met; let rank 0 (maybe still starting
+            # up) print it first: torchrun stops the other ranks as soon as one exits.
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             time.sleep(5)
         exit_code = e.code
