@@ -746,6 +746,7 @@ def main() -> int:
     num_updates = ckpt["num_updates"] if ckpt else 0
     num_target_updates = ckpt["num_target_updates"] if ckpt else 0
     eval_seconds = 0.0  # excluded from SPS
+    update_seconds = grad_sync_seconds = 0.0  # rank 0's time in updates and in the flat all-reduce, per log interval
     sps_window = deque([(time.time(), global_step)], maxlen=11)
     num_iterations = sizes["num_iterations"]
     show_live = is_main and sys.stdout.isatty()
@@ -785,6 +786,7 @@ def main() -> int:
         # ALGO LOGIC: training. The number of updates and the target syncs depend on the GLOBAL step
         # only, so every rank runs the same number of DDP all-reduces.
         if global_step > train_start:
+            update_start = time.perf_counter()
             for _ in range(steps_crossed(prev_step, global_step, args.train_frequency)):
                 data = rb.sample(args.local_batch_size)
                 loss, q_mean = td_loss(
@@ -800,7 +802,9 @@ def main() -> int:
                 optimizer.zero_grad(set_to_none=False)
                 loss.backward()
                 if world_size > 1 and args.grad_sync == "flat":
+                    sync_start = time.perf_counter()
                     all_reduce_gradients_flat(list(q_network.parameters()), world_size)
+                    grad_sync_seconds += time.perf_counter() - sync_start
                 optimizer.step()
                 update_stats += torch.stack([loss.detach().double(), q_mean.double(), torch.ones((), device=device)])
                 num_updates += 1
@@ -810,6 +814,7 @@ def main() -> int:
                     for target_param, q_param in zip(target_network.parameters(), q_network.parameters(), strict=True):
                         target_param.copy_(args.tau * q_param + (1.0 - args.tau) * target_param)
                 num_target_updates += 1
+            update_seconds += time.perf_counter() - update_start
 
         last = iteration == num_iterations
         preempted = False
@@ -823,6 +828,8 @@ def main() -> int:
             loss_sum, q_sum, n_upd, ep_return_sum, ep_length_sum, ep_count, stop_votes = metrics.tolist()
             episode_stats[:] = 0
             update_stats.zero_()
+            interval_update_seconds, interval_sync_seconds = update_seconds, grad_sync_seconds
+            update_seconds = grad_sync_seconds = 0.0
             preempted = stop_votes > 0
             now = time.time() - eval_seconds
             sps_window.append((now, global_step))
@@ -841,6 +848,9 @@ def main() -> int:
                 writer.add_scalar("charts/updates", num_updates, global_step)
                 writer.add_scalar("charts/target_updates", num_target_updates, global_step)
                 writer.add_scalar("charts/SPS", sps, global_step)
+                writer.add_scalar("perf/update_seconds", interval_update_seconds, global_step)
+                if world_size > 1 and args.grad_sync == "flat":
+                    writer.add_scalar("perf/grad_sync_seconds", interval_sync_seconds, global_step)
                 line = (
                     f"step {global_step}/{num_iterations * sizes['num_envs']}  SPS {sps}  epsilon {epsilon:.3f}  "
                     f"return {np.mean(recent_returns) if recent_returns else float('nan'):.1f}"

@@ -722,6 +722,7 @@ def main() -> int:
     last_print = time.time()
     exit_code = 0
     for iteration in range(start_iteration, num_iterations + 1):
+        rollout_start = time.perf_counter()
         if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate
@@ -759,6 +760,9 @@ def main() -> int:
         rewards = host_rewards_t.to(device, non_blocking=pin)
         all_dones = host_dones_t.to(device, non_blocking=pin)
         dones, next_done = all_dones[:-1], all_dones[-1]
+        # the update: GAE, then the epochs (timed, and the flat all-reduce within them, for perf/*)
+        update_start = time.perf_counter()
+        grad_sync_seconds = 0.0
         # bootstrap value if not done
         with torch.no_grad():
             with autocast:
@@ -799,7 +803,9 @@ def main() -> int:
                 optimizer.zero_grad(set_to_none=False)
                 loss.backward()
                 if world_size > 1 and args.grad_sync == "flat":
+                    sync_start = time.perf_counter()
                     all_reduce_gradients_flat(list(agent.parameters()), world_size)
+                    grad_sync_seconds += time.perf_counter() - sync_start
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
                 loss_stats += mb_stats
@@ -812,6 +818,8 @@ def main() -> int:
                     dist.all_reduce(kl)
                 if kl.item() / world_size > args.target_kl:
                     break
+
+        update_seconds = time.perf_counter() - update_start
 
         # One all-reduce per iteration carries every metric, plus the stop flag of any preempted rank.
         y_pred, y_true = b_values, b_returns
@@ -852,6 +860,11 @@ def main() -> int:
             writer.add_scalar("losses/explained_variance", explained_var, global_step)
             writer.add_scalar("charts/updates_per_iteration", num_updates, global_step)
             writer.add_scalar("charts/SPS", sps, global_step)
+            # rank 0's own wall time of this iteration's parts (waits for other ranks included)
+            writer.add_scalar("perf/rollout_seconds", update_start - rollout_start, global_step)
+            writer.add_scalar("perf/update_seconds", update_seconds, global_step)
+            if world_size > 1 and args.grad_sync == "flat":
+                writer.add_scalar("perf/grad_sync_seconds", grad_sync_seconds, global_step)
             if ep_count:
                 recent_returns.append(ep_return_sum / ep_count)
             line = (
