@@ -1,19 +1,25 @@
-"""Steady-state throughput (global agent steps/s) of a script, and the env-only ceiling beside it.
+"""Steady-state throughput (global agent steps/s) of a script at several world sizes, with the env-only ceiling.
 
-    # Breakout, 2 ranks x 4 envs, 128 steps, 4 minibatches, 4 epochs; two variants, 3 repeats each
-    python -m benchmark.throughput --script cleanrl_ddp/ppo_atari_multigpu.py --world-sizes 2 \
-        --variant default= --variant baseline="--no-channels-last" --repeats 3
+    # Breakout, 4 envs per rank, 128 steps: world sizes 1-3 with one core per rank, ddp vs flat
+    python -m benchmark.throughput --script cleanrl_ddp/ppo_atari_multigpu.py --world-sizes 1 2 3 \
+        --cores-per-rank 1 --variant ddp= --variant flat="--grad-sync flat" --repeats 2 --out docs/benchmarks/x
 
 Each run is the script's own command line (`torchrun --standalone` above world size 1) with a budget
 of `--iterations` iterations. Throughput is read from what the run logged: the wall times and global
-steps of its `charts/SPS` events after the first `--warmup` iterations (start-up, first-touch
-allocations and the first checkpoint are excluded), so it is the rate of the steady state. The table
-gives the median over `--repeats` (seeds 1, 2, ...) and, for reference, the median of the last
-`charts/SPS` value the script itself logged (a moving window over its last 10 iterations).
+steps of its `charts/SPS` events after the first `--warmup` ones (start-up, first-touch allocations
+and the first checkpoint are excluded), so it is the rate of the steady state. The table gives the
+median over `--repeats` (seeds 1, 2, ...).
+
+Scaling is weak scaling: every rank keeps `--local-num-envs` envs, so the global batch grows with the
+world size, and with `--cores-per-rank N` each run is pinned to world size x N cores (the scripts give
+each rank cores // ranks threads), so efficiency = SPS(n) / (n x SPS(1)) compares like with like until
+the machine runs out of cores (marked "oversubscribed"). The time shares come from the `perf/*`
+scalars rank 0 logs: the update's share of each iteration, and the share of the update spent in the
+gradient all-reduce, which only `--grad-sync flat` times apart (DDP overlaps it with the backward pass).
 
 The env-only ceiling steps the same vector env (built by the script's own `make_env`) with random
-actions, one process per rank with the same env count and threads: no network, no learning. It is
-measured in the same invocation, so a loaded machine depresses both alike.
+actions, one process per rank with the same env count, threads and cores: no network, no learning.
+It is measured in the same invocation, so a loaded machine depresses both alike.
 """
 
 import argparse
@@ -46,31 +52,50 @@ def steady_sps(events: list[tuple[float, int, float]], warmup: int) -> float:
     return (s1 - s0) / (t1 - t0)
 
 
-def run_once(script, env_id, world_size, seed, variant_flags, sizes, iterations, timeout) -> dict:
-    total = iterations * world_size * sizes["local_num_envs"] * sizes["num_steps"]
-    extra = [
-        *variant_flags,
-        "--local-num-envs",
-        str(sizes["local_num_envs"]),
-        "--num-steps",
-        str(sizes["num_steps"]),
-        *sizes["extra"],
-        "--total-timesteps",
-        str(total),
-        "--checkpoint-every",
-        "0",
-    ]
+def rank_cores(world_size: int, cores_per_rank: int) -> list[int] | None:
+    """The cores a run at `world_size` is pinned to: `cores_per_rank` each while the machine has them
+    (weak scaling adds cores with ranks), else all of them (oversubscribed). None: no pinning."""
+    if cores_per_rank <= 0:
+        return None
+    available = sorted(os.sched_getaffinity(0))
+    return available[: world_size * cores_per_rank] if world_size * cores_per_rank <= len(available) else available
+
+
+def run_once(script, env_id, world_size, seed, variant_flags, sizes, iterations, timeout, cores=None) -> dict:
+    """One run of the script's own command line; returns the command and every scalar rank 0 logged."""
+    steps_per_iteration = world_size * sizes["local_num_envs"] * max(1, sizes["num_steps"])
+    extra = [*variant_flags, "--local-num-envs", str(sizes["local_num_envs"])]
+    if sizes["num_steps"]:  # rollout length (PPO); 0 = the script has none (DQN: one step per iteration)
+        extra += ["--num-steps", str(sizes["num_steps"])]
+    extra += [*sizes["extra"], "--total-timesteps", str(iterations * steps_per_iteration), "--checkpoint-every", "0"]
     with tempfile.TemporaryDirectory(prefix="throughput_") as runs_dir:
         cmd = run_command(script, env_id, seed, world_size, runs_dir, extra)
         env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None  # torchrun's workers inherit it
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, preexec_fn=pin)
         if proc.returncode != 0:
             raise RuntimeError(
                 f"{shlex.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
             )
         (run_dir,) = [p for p in Path(runs_dir).iterdir() if p.is_dir()]
-        events = read_scalar_events(run_dir)[SPS_TAG]
+        events = read_scalar_events(run_dir)
+    if cores:
+        cmd = ["taskset", "-c", ",".join(map(str, cores)), *cmd]
     return dict(command=shlex.join(cmd), events=events)
+
+
+def time_shares(events: dict, warmup: int) -> tuple[float, float]:
+    """From rank 0's `perf/*` scalars after warm-up: the update's share of rollout + update time, and the
+    flat gradient all-reduce's share of update time (nan where not logged: under DDP the all-reduce
+    overlaps the backward pass and is not timed apart)."""
+
+    def total(tag):
+        return sum(v for _, _, v in events.get(tag, [])[warmup:])
+
+    update, rollout, sync = total("perf/update_seconds"), total("perf/rollout_seconds"), total("perf/grad_sync_seconds")
+    update_share = update / (update + rollout) if "perf/rollout_seconds" in events and update + rollout else np.nan
+    sync_share = sync / update if "perf/grad_sync_seconds" in events and update else np.nan
+    return update_share, sync_share
 
 
 # Env-only ceiling: one process per rank stepping the script's own vector env with random actions
@@ -85,31 +110,33 @@ def make_vector_env(module, env_id: str, num_envs: int, num_threads: int):
     return gym.vector.SyncVectorEnv([module.make_env(env_id) for _ in range(num_envs)])
 
 
-def ceiling_worker(module_name, env_id, num_envs, num_threads, steps, rank, barrier, results):
+def ceiling_worker(module_name, env_id, num_envs, num_threads, steps, rank, cores, barrier, results):
+    if cores:
+        os.sched_setaffinity(0, cores)
     module = importlib.import_module(module_name)
     envs = make_vector_env(module, env_id, num_envs, num_threads)
     envs.reset(seed=rank * num_envs)
-    rng = np.random.default_rng(rank)
-    n = int(envs.single_action_space.n)
+    envs.action_space.seed(rank)
     for _ in range(20):  # warm up
-        envs.step(rng.integers(0, n, size=num_envs))
+        envs.step(envs.action_space.sample())
     barrier.wait()
     start = time.perf_counter()
     for _ in range(steps):
-        envs.step(rng.integers(0, n, size=num_envs))
+        envs.step(envs.action_space.sample())
     results.put((steps * num_envs, time.perf_counter() - start))
     envs.close()
 
 
-def env_ceiling(script, env_id, world_size, num_envs, steps) -> float:
+def env_ceiling(script, env_id, world_size, num_envs, steps, cores=None) -> float:
     """Global random-action steps/s of `world_size` processes, each with the env setup of one rank."""
     module_name = f"cleanrl_ddp.{Path(script).stem}"
-    num_threads = max(1, len(os.sched_getaffinity(0)) // world_size)
+    num_threads = max(1, len(cores or os.sched_getaffinity(0)) // world_size)  # as the scripts choose
     ctx = mp.get_context("spawn")
     barrier, results = ctx.Barrier(world_size), ctx.Queue()
     procs = [
         ctx.Process(
-            target=ceiling_worker, args=(module_name, env_id, num_envs, num_threads, steps, r, barrier, results)
+            target=ceiling_worker,
+            args=(module_name, env_id, num_envs, num_threads, steps, r, cores, barrier, results),
         )
         for r in range(world_size)
     ]
@@ -126,6 +153,58 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
     if not sep or not name:
         raise argparse.ArgumentTypeError(f"--variant takes NAME=FLAGS (FLAGS may be empty), got {text!r}")
     return name, shlex.split(flags)
+
+
+def weak_scaling(rows: list[dict]) -> None:
+    """Adds each row's weak-scaling efficiency: SPS(n) / (n x SPS(1)) of the same variant (needs world size 1)."""
+    base = {r["name"]: r["sps"] for r in rows if r["world_size"] == 1}
+    for r in rows:
+        r["efficiency"] = r["sps"] / (r["world_size"] * base[r["name"]]) if r["name"] in base else np.nan
+
+
+def markdown(rows: list[dict]) -> str:
+    def pct(x):
+        return "" if np.isnan(x) else f"{100 * x:.0f}%"
+
+    lines = [
+        "| world size | cores | variant | global SPS (steady, median) | weak-scaling efficiency "
+        "| update share of iteration | flat all-reduce share of update | runs |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        cores = f"{r['cores']}" + (" (oversubscribed)" if r["cores"] < r["world_size"] else "")
+        lines.append(
+            f"| {r['world_size']} | {cores} | {r['name']} | {r['sps']:.0f} | {pct(r['efficiency'])} "
+            f"| {pct(r['update_share'])} | {pct(r['sync_share'])} | {', '.join(f'{s:.0f}' for s in r['all'])} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], title: str, path: Path) -> None:
+    """Global SPS against world size: one line per variant, the env-only ceiling dashed, ideal scaling dotted."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in dict.fromkeys(r["name"] for r in rows):
+        pts = sorted((r["world_size"], r["sps"]) for r in rows if r["name"] == name)
+        ceiling = name.startswith("env-only")
+        ax.plot([ws for ws, _ in pts], [s for _, s in pts], "--" if ceiling else "-", marker="o", label=name)
+        if not ceiling and pts[0][0] == 1 and name == rows[0]["name"]:
+            sizes = [ws for ws, _ in pts]
+            ax.plot(sizes, [ws * pts[0][1] for ws in sizes], ":", color="gray", label=f"{name}: ideal (linear)")
+    ax.set_xlabel("world size (ranks)")
+    ax.set_ylabel("global steps per second")
+    ax.set_yscale("log")
+    ax.set_xticks(sorted({r["world_size"] for r in rows}))
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def main(argv=None) -> int:
@@ -150,48 +229,82 @@ def main(argv=None) -> int:
         help="other scripts (e.g. an outside baseline accepting the same size flags) run the same way, as extra rows",
     )
     parser.add_argument("--local-num-envs", type=int, default=4)
-    parser.add_argument("--num-steps", type=int, default=128)
+    parser.add_argument("--num-steps", type=int, default=128, help="rollout length; 0 for scripts without one (DQN)")
     parser.add_argument("--iterations", type=int, default=14, help="iterations per run (the budget)")
-    parser.add_argument("--warmup", type=int, default=4, help="first iterations left out of the steady rate")
+    parser.add_argument("--warmup", type=int, default=4, help="first logged iterations left out of the steady rate")
     parser.add_argument("--repeats", type=int, default=3, help="runs per configuration (seeds 1..N); median")
+    parser.add_argument(
+        "--cores-per-rank",
+        type=int,
+        default=0,
+        help="pin each run to world size x N cores (weak scaling; all cores once the machine runs out); 0 = no pinning",
+    )
     parser.add_argument("--ceiling-steps", type=int, default=1000, help="vector-env steps per process (0 = skip)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds one run may take")
+    parser.add_argument("--out", type=Path, help="also write DIR/throughput.md and DIR/sps_vs_world_size.png")
     parser.add_argument("extra", nargs="*", help="more flags for the script, after `--`")
     args = parser.parse_args(argv)
     variants = args.variant or [("default", [])]
     sizes = dict(local_num_envs=args.local_num_envs, num_steps=args.num_steps, extra=args.extra)
 
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
-    print(f"# {args.script} on {args.env_id}: {platform.node()}, {len(os.sched_getaffinity(0))} cores ({cpu})")
-    print(f"# {args.iterations} iterations per run, steady rate after {args.warmup}; median of {args.repeats}")
+    machine = f"{platform.node()}, {len(os.sched_getaffinity(0))} cores ({cpu}), torch {torch_version()}"
+    header = [
+        f"# {args.script} on {args.env_id}, {args.local_num_envs} envs per rank: {machine}",
+        f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {args.iterations} iterations per run, steady rate "
+        f"after {args.warmup} logged; median of {args.repeats}",
+    ]
+    print("\n".join(header), flush=True)
     rows, commands = [], {}
     for ws in args.world_sizes:
+        cores = rank_cores(ws, args.cores_per_rank)
+        num_cores = len(cores or os.sched_getaffinity(0))
         runs = [(args.script, name, flags) for name, flags in variants]
         runs += [(script, Path(script).name, []) for script in args.compare]
         for script, name, flags in runs:
-            sps, last = [], []
+            sps, shares = [], []
             for rep in range(args.repeats):
-                out = run_once(script, args.env_id, ws, rep + 1, flags, sizes, args.iterations, args.timeout)
-                sps.append(steady_sps(out["events"], args.warmup))
-                last.append(out["events"][-1][2])
+                out = run_once(script, args.env_id, ws, rep + 1, flags, sizes, args.iterations, args.timeout, cores)
+                sps.append(steady_sps(out["events"][SPS_TAG], args.warmup))
+                shares.append(time_shares(out["events"], args.warmup))
                 commands[(ws, name)] = out["command"]
                 print(f"  ws={ws} {name} seed={rep + 1}: {sps[-1]:.0f} steps/s", flush=True)
-            rows.append((ws, name, statistics.median(sps), statistics.median(last), sps))
+            update_share, sync_share = np.median(np.array(shares), axis=0)
+            rows.append(
+                dict(world_size=ws, cores=num_cores, name=name, sps=statistics.median(sps), all=sps)
+                | dict(update_share=update_share, sync_share=sync_share)
+            )
         if args.ceiling_steps:
-            ceiling = env_ceiling(args.script, args.env_id, ws, args.local_num_envs, args.ceiling_steps)
-            rows.append((ws, "env-only ceiling (random actions)", ceiling, float("nan"), [ceiling]))
+            ceiling = env_ceiling(args.script, args.env_id, ws, args.local_num_envs, args.ceiling_steps, cores)
+            rows.append(
+                dict(world_size=ws, cores=num_cores, name="env-only ceiling (random actions)", sps=ceiling)
+                | dict(all=[ceiling], update_share=np.nan, sync_share=np.nan)
+            )
             print(f"  ws={ws} env-only ceiling: {ceiling:.0f} steps/s", flush=True)
+    weak_scaling(rows)
 
-    print()
-    print("| world size | variant | global SPS (steady, median) | last charts/SPS (median) | runs |")
-    print("|---|---|---|---|---|")
-    for ws, name, med, last, all_sps in rows:
-        last_text = "" if np.isnan(last) else f"{last:.0f}"
-        print(f"| {ws} | {name} | {med:.0f} | {last_text} | {', '.join(f'{s:.0f}' for s in all_sps)} |")
-    print()
-    for (ws, name), cmd in commands.items():
-        print(f"# ws={ws} {name}: {cmd}")
+    table = markdown(rows)
+    command_lines = [f"# ws={ws} {name}: {cmd}" for (ws, name), cmd in commands.items()]
+    print(f"\n{table}\n\n" + "\n".join(command_lines))
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        invocation = shlex.join(["python", "-m", "benchmark.throughput", *(argv if argv is not None else sys.argv[1:])])
+        (args.out / "throughput.md").write_text(
+            "\n".join(header)
+            + f"\n\n{table}\n\nRegenerate: `{invocation}`\n\nRuns:\n\n```\n"
+            + "\n".join(command_lines)
+            + "\n```\n"
+        )
+        title = f"{Path(args.script).name}, {args.env_id}, {args.local_num_envs} envs/rank, {platform.node()}"
+        plot(rows, title, args.out / "sps_vs_world_size.png")
+        print(f"wrote {args.out / 'throughput.md'} and {args.out / 'sps_vs_world_size.png'}")
     return 0
+
+
+def torch_version() -> str:
+    import torch
+
+    return torch.__version__
 
 
 if __name__ == "__main__":

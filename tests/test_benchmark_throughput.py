@@ -1,10 +1,21 @@
-"""benchmark/throughput.py: the steady-state rate skips warm-up, variants parse, the ceiling runs."""
+"""benchmark/throughput.py: the steady-state rate skips warm-up, variants parse, the ceiling runs, time shares
+and weak scaling are computed as documented, and a tiny real run writes the table and the plot."""
 
 import argparse
+import os
 
+import numpy as np
 import pytest
 
-from benchmark.throughput import env_ceiling, parse_variant, steady_sps
+from benchmark.throughput import (
+    env_ceiling,
+    main,
+    parse_variant,
+    rank_cores,
+    steady_sps,
+    time_shares,
+    weak_scaling,
+)
 
 
 def test_steady_rate_leaves_out_warmup():
@@ -25,3 +36,45 @@ def test_variants_are_name_and_flags():
 
 def test_env_ceiling_steps_the_scripts_own_env():
     assert env_ceiling("cleanrl_ddp/ppo_atari_multigpu.py", "breakout", 1, 2, 20) > 0
+
+
+def test_time_shares_read_the_perf_scalars_after_warmup():
+    def tag(*values):
+        return [(float(i), i, v) for i, v in enumerate(values)]
+
+    events = {
+        "perf/rollout_seconds": tag(9.0, 1.0, 1.0),
+        "perf/update_seconds": tag(9.0, 3.0, 3.0),
+        "perf/grad_sync_seconds": tag(9.0, 1.5, 0.0),
+    }
+    assert time_shares(events, warmup=1) == pytest.approx((0.75, 0.25))
+    update_share, sync_share = time_shares({k: v for k, v in events.items() if "grad_sync" not in k}, warmup=1)
+    assert update_share == pytest.approx(0.75) and np.isnan(sync_share)  # ddp: the all-reduce is not timed apart
+
+
+def test_weak_scaling_compares_each_variant_with_its_own_single_rank_rate():
+    rows = [dict(world_size=1, name="ddp", sps=100.0), dict(world_size=2, name="ddp", sps=150.0)]
+    rows += [dict(world_size=2, name="flat", sps=150.0)]
+    weak_scaling(rows)
+    assert [r["efficiency"] for r in rows[:2]] == [1.0, 0.75] and np.isnan(rows[2]["efficiency"])
+
+
+def test_cores_per_rank_pins_until_the_machine_runs_out():
+    available = sorted(os.sched_getaffinity(0))
+    assert rank_cores(1, 0) is None
+    assert rank_cores(1, 1) == available[:1]
+    assert rank_cores(len(available) + 1, 1) == available  # oversubscribed: every core
+
+
+def test_a_tiny_real_run_writes_the_table_and_the_plot(tmp_path):
+    out = tmp_path / "out"
+    argv = ["--script", "cleanrl_ddp/ppo_multigpu.py", "--env-id", "CartPole-v1", "--world-sizes", "2"]
+    argv += ["--variant", "flat=--grad-sync flat", "--repeats", "1", "--iterations", "4", "--warmup", "1"]
+    argv += ["--local-num-envs", "2", "--num-steps", "32", "--ceiling-steps", "20", "--out", str(out)]
+    assert main(argv) == 0
+    table = (out / "throughput.md").read_text()
+    flat_row = next(line for line in table.splitlines() if line.startswith("| 2 | ") and "| flat |" in line)
+    sync_share = flat_row.split("|")[7].strip()
+    assert sync_share.endswith("%") and 0 <= int(sync_share[:-1]) <= 100, flat_row
+    assert "Regenerate: `python -m benchmark.throughput --script cleanrl_ddp/ppo_multigpu.py" in table
+    assert (out / "sps_vs_world_size.png").stat().st_size > 1000
