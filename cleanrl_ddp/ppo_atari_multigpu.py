@@ -111,6 +111,18 @@ class Args:
     target_kl: Optional[float] = None
     """stop the epochs early when the KL averaged across ranks exceeds this"""
 
+    # Evaluation (rank 0, in a separate env; flags and metric names as in ppo_multigpu.py)
+    eval_every: int = 0
+    """run evaluation games on rank 0 every N global steps (0 = never)"""
+    eval_episodes: int = 10
+    """whole games (all lives) per evaluation, one per env of rank 0's separate evaluation vector env"""
+    eval_greedy: bool = False
+    """if toggled, evaluation takes the likeliest action; default samples (greedy can stall a game: no FIRE)"""
+    target_return: Optional[float] = None
+    """stop every rank (after a checkpoint) once an evaluation's mean game score reaches this"""
+    capture_video: bool = False
+    """record each evaluation's first game to {run dir}/videos and TensorBoard/W&B (needs the video extra)"""
+
     # Speed
     precision: Literal["fp32", "bf16"] = "fp32"
     """`bf16`: the network under bfloat16 autocast (changes numerics); for GPUs and CPUs with AMX or AVX512-BF16"""
@@ -123,7 +135,7 @@ class Args:
     backend: Optional[Literal["nccl", "gloo"]] = None
     """the torch.distributed backend; default NCCL on CUDA, gloo on CPU"""
     dist_timeout: float = 300.0
-    """seconds a collective may wait for a missing or stalled rank before the job fails"""
+    """seconds a collective may wait for a missing or stalled rank (also for rank 0's evaluation)"""
     share_gpus: bool = False
     """allow more ranks per node than visible GPUs (rank uses cuda:{local_rank % num_gpus})"""
     sync_check_every: int = 0
@@ -138,7 +150,7 @@ class Args:
 
 def derive_sizes(args: Args, world_size: int) -> dict:
     """Global and per-rank sizes from the flags and the world size; raises ValueError on bad input."""
-    for name in ("local_num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps"):
+    for name in ("local_num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps", "eval_episodes"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     local_batch_size = args.local_num_envs * args.num_steps
@@ -210,6 +222,25 @@ def make_env(env_id: str, num_envs: int, num_threads: int = 1, repeat_action_pro
         max_num_frames_per_episode=108000,
         autoreset_mode="SameStep",
     )
+
+
+def make_eval_envs(
+    env_id: str,
+    num_envs: int,
+    video_dir: Optional[str] = None,
+    repeat_action_probability: Optional[float] = None,
+    num_threads: int = 1,
+) -> AtariVectorEnv:
+    """Rank 0's evaluation games: `make_env`'s preprocessing in a vector env of their own, never the training one.
+
+    ALE's vector env cannot render, so `evaluate` writes env 0's frames to {video_dir}/{video_name}.mp4 itself.
+    Sticky actions default to the protocol of `env_id` (0.25 for `ALE/*-v5`, else 0).
+    """
+    if repeat_action_probability is None:
+        repeat_action_probability = sticky_action_probability(Args(env_id=env_id))
+    envs = make_env(env_id, num_envs, min(num_threads, num_envs), repeat_action_probability)
+    envs.video_dir = video_dir  # where `evaluate` writes videos (None: it records none)
+    return envs
 
 
 def clip_reward(reward: np.ndarray) -> np.ndarray:
@@ -354,6 +385,49 @@ def ppo_loss(model, mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, 
     return loss, stats
 
 
+def evaluate(agent, eval_envs, greedy: bool, seed: int, device, video_name: Optional[str] = None):
+    """Play one whole game (all lives) in each env of `eval_envs`; returns (returns, lengths, video). Rank 0 only.
+
+    Returns are unclipped game scores, like `charts/episodic_return`. `greedy` takes the argmax action,
+    otherwise actions are sampled from a generator of their own, so that evaluating never moves the
+    training sampling stream. With `video_name` (and envs from `make_eval_envs(..., video_dir)`) env 0's
+    game is written as {video_dir}/{video_name}.mp4, one frame per agent step (the newest 84x84 frame of
+    each observation), and `video` is dict(path, frames [T, H, W, 3] uint8, fps); otherwise it is None.
+    """
+    episodes = eval_envs.num_envs
+    generator = torch.Generator(device=device).manual_seed(seed)
+    obs, info = eval_envs.reset(seed=np.arange(seed, seed + episodes, dtype=np.int64))
+    prev_lives = info["lives"]
+    frames = [obs[0, -1]] if video_name is not None else None  # the first frame, before any action
+    returns, lengths = np.zeros(episodes), np.zeros(episodes, dtype=np.int64)
+    running = np.ones(episodes, dtype=bool)
+    while running.any():
+        with torch.no_grad():
+            logits = agent.actor(agent.hidden(torch.as_tensor(obs, device=device))).float()
+            if greedy:
+                action = logits.argmax(dim=1)
+            else:
+                action = torch.multinomial(logits.softmax(dim=1), 1, generator=generator).squeeze(1)
+        obs, reward, terminations, truncations, info = eval_envs.step(action.cpu().numpy())
+        over = game_over(terminations, truncations, info["lives"], prev_lives)
+        prev_lives = info["lives"]
+        returns += reward * running
+        lengths += running
+        if frames is not None and running[0] and not over[0]:  # at a game over, obs is the next game's (autoreset)
+            frames.append(obs[0, -1])
+        running &= ~over  # later games of a finished env are ignored
+    if frames is None:
+        return returns, lengths, None
+    from moviepy.video.io.ImageSequenceClip import ImageSequenceClip
+
+    fps = 15  # 60 emulator frames per second, 4 per agent step: real time
+    rgb = np.repeat(np.stack(frames)[..., None], 3, axis=-1)  # grayscale -> [T, H, W, 3]
+    os.makedirs(eval_envs.video_dir, exist_ok=True)
+    path = os.path.join(eval_envs.video_dir, f"{video_name}.mp4")
+    ImageSequenceClip(list(rgb), fps=fps).write_videofile(path, logger=None)
+    return returns, lengths, dict(path=path, frames=rgb, fps=fps)
+
+
 def all_reduce_gradients_flat(params, world_size: int) -> None:
     """Average gradients across ranks with one all-reduce of one flat buffer (instead of DDP).
 
@@ -412,6 +486,26 @@ def lost_rank_message(e: Exception) -> Optional[str]:
     if not (isinstance(e, dist.DistError) or (isinstance(e, RuntimeError) and "gloo" in text.lower())):
         return None
     return text.split("] ", 1)[-1].split(". This is typically", 1)[0][:160]  # drop the C++ source prefix
+
+
+def steps_crossed(prev_step: int, global_step: int, every: int) -> int:
+    """How many multiples of `every` lie in (prev_step, global_step]: the schedule of periodic events.
+
+    The global step grows by the global batch per iteration, so a period that is not a multiple of it
+    is still kept on average, and every rank computes the same answer from the same global step.
+    """
+    return global_step // every - prev_step // every if every > 0 else 0
+
+
+def log_video(writer, video: dict, global_step: int, track: bool) -> None:
+    """Attach an evaluation video (from `evaluate`) to TensorBoard and, with --track, to W&B. Rank 0 only."""
+    frames = video["frames"][:: max(1, len(video["frames"]) // 200)]  # TensorBoard stores a GIF: keep it small
+    fps = video["fps"] * len(frames) / len(video["frames"])
+    writer.add_video("eval/video", frames.transpose(0, 3, 1, 2)[None], global_step, fps=max(1, round(fps)))
+    if track:
+        import wandb
+
+        wandb.log({"eval/video": wandb.Video(video["path"], format="mp4")})
 
 
 def read_launch_env() -> tuple[int, int, int, int]:
@@ -533,9 +627,18 @@ def main() -> int:
         ale_game(args.env_id)
         if not 0.0 <= sticky_action_probability(args) <= 1.0:
             raise ValueError("--repeat-action-probability must be between 0 and 1")
-        for name in ("checkpoint_every", "sync_check_every"):
+        for name in ("checkpoint_every", "sync_check_every", "eval_every"):
             if getattr(args, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be 0 (off) or positive")
+        if args.target_return is not None and not args.eval_every:
+            raise ValueError("--target-return needs --eval-every N (the evaluation decides the stop)")
+        if args.capture_video and not args.eval_every:
+            raise ValueError("--capture-video needs --eval-every N (videos are of the evaluation games)")
+        if args.capture_video:
+            try:
+                import moviepy  # noqa: F401 (evaluate writes the MP4s with it, TensorBoard's add_video too)
+            except ImportError:
+                raise ValueError("--capture-video needs moviepy: pip install -e '.[video]'") from None
         if not args.dist_timeout > 0:
             raise ValueError(f"--dist-timeout must be positive (seconds), got {args.dist_timeout}")
     except ValueError as e:
@@ -662,7 +765,9 @@ def main() -> int:
     torch.backends.cudnn.deterministic = args.torch_deterministic
     local_num_envs = args.local_num_envs
     envs = make_env(args.env_id, local_num_envs, min(num_threads, local_num_envs), sticky_action_probability(args))
-    agent = Agent(int(envs.single_action_space.n)).to(device)
+    # what Agent's constructor needs, saved in checkpoints so that cleanrl_ddp/evaluate.py can rebuild it
+    agent_kwargs = dict(n_actions=int(envs.single_action_space.n))
+    agent = Agent(**agent_kwargs).to(device)
     if args.channels_last:
         agent = agent.to(memory_format=torch.channels_last)
     if world_size > 1:
@@ -681,6 +786,12 @@ def main() -> int:
     model = agent
     if world_size > 1 and args.grad_sync == "ddp":
         model = DDP(agent, device_ids=[device.index] if use_cuda else None)
+    eval_envs = None
+    if is_main and args.eval_every:
+        video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
+        eval_envs = make_eval_envs(
+            args.env_id, args.eval_episodes, video_dir, sticky_action_probability(args), num_threads
+        )
 
     # A resumed run seeds its envs past the seeds earlier attempts used (env state is not checkpointed).
     env_seed0 = args.seed + rank * local_num_envs + (start_iteration - 1) * sizes["num_envs"]
@@ -717,6 +828,7 @@ def main() -> int:
 
     next_obs = to_device(next_obs)
     num_iterations = sizes["num_iterations"]
+    eval_seconds = 0.0  # excluded from SPS
     sps_window = deque([(time.time(), global_step)], maxlen=11)
     show_live = is_main and sys.stdout.isatty()
     last_print = time.time()
@@ -842,7 +954,7 @@ def main() -> int:
         preempted = stop_votes > 0
         last = iteration == num_iterations or preempted
 
-        sps_window.append((time.time(), global_step))
+        sps_window.append((time.time() - eval_seconds, global_step))
         sps = int((sps_window[-1][1] - sps_window[0][1]) / max(sps_window[-1][0] - sps_window[0][0], 1e-9))
         if is_main:
             # TRY NOT TO MODIFY: record rewards for plotting purposes
@@ -884,7 +996,33 @@ def main() -> int:
             except RuntimeError as e:
                 raise RunError(str(e), EXIT_DIVERGED)
 
-        if last or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
+        # Evaluation on rank 0; the result and the stop decision are broadcast, so all ranks stop together.
+        # It runs after this iteration's perf/* timings were taken and is excluded from SPS.
+        reached = False
+        if steps_crossed(global_step - sizes["batch_size"], global_step, args.eval_every):
+            started = time.time()
+            result = torch.zeros(3, dtype=torch.float64, device=device)  # (mean return, mean length, stop)
+            if is_main:
+                eval_seed = args.seed + 10**9 + global_step  # seeds no training env uses
+                video_name = f"eval-step{global_step}" if args.capture_video else None
+                eval_returns, eval_lengths, video = evaluate(
+                    agent, eval_envs, args.eval_greedy, eval_seed, device, video_name
+                )
+                stop = args.target_return is not None and eval_returns.mean() >= args.target_return
+                result = torch.tensor(
+                    [eval_returns.mean(), eval_lengths.mean(), float(stop)], dtype=torch.float64, device=device
+                )
+                writer.add_scalar("eval/episodic_return", eval_returns.mean(), global_step)
+                writer.add_scalar("eval/episodic_length", eval_lengths.mean(), global_step)
+                if video is not None:
+                    log_video(writer, video, global_step, args.track)
+            if world_size > 1:
+                dist.broadcast(result, src=0)
+            eval_return, _, stop = result.tolist()
+            reached = stop > 0
+            eval_seconds += time.time() - started
+
+        if last or reached or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
             all_rng = [None] * world_size
             if world_size > 1:
                 dist.all_gather_object(all_rng, rng_states(device))
@@ -901,6 +1039,7 @@ def main() -> int:
                     iteration=iteration,
                     global_step=global_step,
                     agent=agent.state_dict(),
+                    agent_kwargs=agent_kwargs,
                     optimizer=optimizer.state_dict(),
                     rng=all_rng,
                     wandb_run_id=wandb_run_id,
@@ -915,6 +1054,14 @@ def main() -> int:
                 error = box[0]
             if error:
                 raise RunError(error, EXIT_BAD_INPUT)
+        if reached:
+            if is_main:
+                print(
+                    f"\n{SCRIPT}: evaluation return {eval_return:.1f} reached --target-return {args.target_return} "
+                    f"at iteration {iteration} (global step {global_step}); checkpoint saved in {run_dir}",
+                    flush=True,
+                )
+            break
         if preempted:
             if is_main:
                 print(
@@ -927,6 +1074,8 @@ def main() -> int:
             break
 
     envs.close()
+    if eval_envs is not None:
+        eval_envs.close()
     if is_main:
         writer.close()
         if args.track:
