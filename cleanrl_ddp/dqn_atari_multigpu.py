@@ -119,6 +119,8 @@ class Args:
     """epsilon of the evaluation policy (0 = purely greedy; 0.05 as in Mnih et al. 2015 and CleanRL)"""
     target_return: Optional[float] = None
     """stop every rank (after a checkpoint) once an evaluation's mean return reaches this"""
+    capture_video: bool = False
+    """record each evaluation's first game to {run dir}/videos and TensorBoard/W&B (needs the video extra)"""
     log_every: int = 1000
     """global steps between logged (all-reduced) metrics"""
 
@@ -234,6 +236,25 @@ def make_env(env_id: str, num_envs: int, num_threads: int = 1, repeat_action_pro
         reward_clipping=False,
         autoreset_mode="NextStep",
     )
+
+
+def make_eval_envs(
+    env_id: str,
+    num_envs: int,
+    video_dir: Optional[str] = None,
+    repeat_action_probability: Optional[float] = None,
+    num_threads: int = 1,
+) -> AtariVectorEnv:
+    """Rank 0's evaluation games: `make_env`'s preprocessing in a vector env of their own, never the training one.
+
+    ALE's vector env cannot render, so `evaluate` writes env 0's frames to {video_dir}/{video_name}.mp4 itself.
+    Sticky actions default to the protocol of `env_id` (0.25 for `ALE/*-v5`, else 0).
+    """
+    if repeat_action_probability is None:
+        repeat_action_probability = sticky_action_probability(Args(env_id=env_id))
+    envs = make_env(env_id, num_envs, min(num_threads, num_envs), repeat_action_probability)
+    envs.video_dir = video_dir  # where `evaluate` writes videos (None: it records none)
+    return envs
 
 
 # ALGO LOGIC: initialize agent here:
@@ -412,23 +433,56 @@ def check_replicas_in_sync(agent, optimizer, iteration: int, world_size: int) ->
         )
 
 
-def evaluate(q_network, eval_envs, episodes: int, epsilon: float, seed: int, device) -> tuple[float, float]:
-    """Play one whole game in each of `episodes` eval envs; (mean return, mean length). Rank 0 only."""
+def evaluate(q_network, eval_envs, epsilon: float, seed: int, device, video_name: Optional[str] = None):
+    """Play one whole game in each env of `eval_envs`, epsilon-greedily; returns (returns, lengths, video). Rank 0 only.
+
+    Returns are unclipped game scores, like `charts/episodic_return`. Exploration draws from a generator
+    of its own, so that evaluating never moves the training streams. With `video_name` (and envs from
+    `make_eval_envs(..., video_dir)`) env 0's game is written as {video_dir}/{video_name}.mp4, one frame
+    per agent step (the newest 84x84 frame of each observation), and `video` is dict(path, frames
+    [T, H, W, 3] uint8, fps); otherwise it is None.
+    """
+    episodes = eval_envs.num_envs
     rng = np.random.default_rng(seed)
     obs, _ = eval_envs.reset(seed=np.arange(seed, seed + episodes, dtype=np.int64))
+    frames = [obs[0, -1]] if video_name is not None else None  # the first frame, before any action
     returns, lengths = np.zeros(episodes), np.zeros(episodes, dtype=np.int64)
     running = np.ones(episodes, dtype=bool)
     n_actions = int(eval_envs.single_action_space.n)
     while running.any():
-        with torch.no_grad():
-            actions = q_network(torch.as_tensor(obs, device=device)).argmax(dim=1).cpu().numpy()
         explore = rng.random(episodes) < epsilon
-        actions = np.where(explore, rng.integers(0, n_actions, episodes), actions)
+        actions = rng.integers(0, n_actions, episodes)
+        if not explore.all():
+            with torch.no_grad():
+                greedy = q_network(torch.as_tensor(obs, device=device)).argmax(dim=1).cpu().numpy()
+            actions = np.where(explore, actions, greedy)
         obs, reward, terminations, truncations, _ = eval_envs.step(actions)
         returns += reward * running
         lengths += running
-        running &= ~(terminations | truncations)  # NextStep autoreset: later steps of that env are ignored
-    return float(returns.mean()), float(lengths.mean())
+        if frames is not None and running[0]:  # NextStep autoreset: a game's last obs is still its own
+            frames.append(obs[0, -1])
+        running &= ~(terminations | truncations)  # later steps of that env are ignored
+    if frames is None:
+        return returns, lengths, None
+    from moviepy.video.io.ImageSequenceClip import ImageSequenceClip
+
+    fps = 15  # 60 emulator frames per second, 4 per agent step: real time
+    rgb = np.repeat(np.stack(frames)[..., None], 3, axis=-1)  # grayscale -> [T, H, W, 3]
+    os.makedirs(eval_envs.video_dir, exist_ok=True)
+    path = os.path.join(eval_envs.video_dir, f"{video_name}.mp4")
+    ImageSequenceClip(list(rgb), fps=fps).write_videofile(path, logger=None)
+    return returns, lengths, dict(path=path, frames=rgb, fps=fps)
+
+
+def log_video(writer, video: dict, global_step: int, track: bool) -> None:
+    """Attach an evaluation video (from `evaluate`) to TensorBoard and, with --track, to W&B. Rank 0 only."""
+    frames = video["frames"][:: max(1, len(video["frames"]) // 200)]  # TensorBoard stores a GIF: keep it small
+    fps = video["fps"] * len(frames) / len(video["frames"])
+    writer.add_video("eval/video", frames.transpose(0, 3, 1, 2)[None], global_step, fps=max(1, round(fps)))
+    if track:
+        import wandb
+
+        wandb.log({"eval/video": wandb.Video(video["path"], format="mp4")})
 
 
 # TRY NOT TO MODIFY: launch, run directory, checkpoints
@@ -572,6 +626,13 @@ def main() -> int:
                 raise ValueError(f"--{name.replace('_', '-')} must be 0 (off) or positive")
         if args.target_return is not None and not args.eval_every:
             raise ValueError("--target-return needs --eval-every N (the evaluation decides the stop)")
+        if args.capture_video and not args.eval_every:
+            raise ValueError("--capture-video needs --eval-every N (videos are of the evaluation games)")
+        if args.capture_video:
+            try:
+                import moviepy  # noqa: F401 (evaluate writes the MP4s with it, TensorBoard's add_video too)
+            except ImportError:
+                raise ValueError("--capture-video needs moviepy: pip install -e '.[video]'") from None
         if not args.dist_timeout > 0:
             raise ValueError(f"--dist-timeout must be positive (seconds), got {args.dist_timeout}")
     except ValueError as e:
@@ -705,7 +766,9 @@ def main() -> int:
     sticky = sticky_action_probability(args)
     envs = make_env(args.env_id, local_num_envs, min(local_num_envs, cores_per_rank), sticky)
     n_actions = int(envs.single_action_space.n)
-    q_network = QNetwork(n_actions).to(device)
+    # what QNetwork's constructor needs, saved in checkpoints so that cleanrl_ddp/evaluate.py can rebuild it
+    agent_kwargs = dict(n_actions=n_actions)
+    q_network = QNetwork(**agent_kwargs).to(device)
     if world_size > 1:
         for tensor in q_network.state_dict().values():  # identical start whichever --grad-sync is used
             dist.broadcast(tensor, src=0)
@@ -728,7 +791,8 @@ def main() -> int:
     replicas = nn.ModuleDict(dict(q_network=q_network, target_network=target_network))
     eval_envs = None
     if is_main and args.eval_every:
-        eval_envs = make_env(args.env_id, args.eval_episodes, min(args.eval_episodes, cores_per_rank), sticky)
+        video_dir = os.path.join(run_dir, "videos") if args.capture_video else None
+        eval_envs = make_eval_envs(args.env_id, args.eval_episodes, video_dir, sticky, cores_per_rank)
 
     # A resumed run seeds its envs past the seeds earlier attempts used (env state is not checkpointed).
     env_seed0 = args.seed + rank * local_num_envs + (start_iteration - 1) * sizes["num_envs"]
@@ -874,13 +938,18 @@ def main() -> int:
             result = torch.zeros(3, dtype=torch.float64, device=device)  # (mean return, mean length, stop)
             if is_main:
                 eval_seed = args.seed + 10**9 + global_step  # seeds no training env uses
-                eval_return, eval_length = evaluate(
-                    q_network, eval_envs, args.eval_episodes, args.eval_epsilon, eval_seed, device
+                video_name = f"eval-step{global_step}" if args.capture_video else None
+                eval_returns, eval_lengths, video = evaluate(
+                    q_network, eval_envs, args.eval_epsilon, eval_seed, device, video_name
                 )
-                stop = args.target_return is not None and eval_return >= args.target_return
-                result = torch.tensor([eval_return, eval_length, float(stop)], dtype=torch.float64, device=device)
-                writer.add_scalar("eval/episodic_return", eval_return, global_step)
-                writer.add_scalar("eval/episodic_length", eval_length, global_step)
+                stop = args.target_return is not None and eval_returns.mean() >= args.target_return
+                result = torch.tensor(
+                    [eval_returns.mean(), eval_lengths.mean(), float(stop)], dtype=torch.float64, device=device
+                )
+                writer.add_scalar("eval/episodic_return", eval_returns.mean(), global_step)
+                writer.add_scalar("eval/episodic_length", eval_lengths.mean(), global_step)
+                if video is not None:
+                    log_video(writer, video, global_step, args.track)
             if world_size > 1:
                 dist.broadcast(result, src=0)
             eval_return, _, stop = result.tolist()
@@ -906,6 +975,7 @@ def main() -> int:
                     num_updates=num_updates,
                     num_target_updates=num_target_updates,
                     q_network=q_network.state_dict(),
+                    agent_kwargs=agent_kwargs,
                     target_network=target_network.state_dict(),
                     optimizer=optimizer.state_dict(),
                     rng=all_rng,
