@@ -4,10 +4,12 @@
     python -m cleanrl_ddp.evaluate runs/.../checkpoint.pt --sample --capture-video
 
 The checkpoint's "script" key names the script module (cleanrl_ddp/<script>.py); this tool imports
-`Args`, `Agent`, `make_eval_envs` and `evaluate` from it (never the other way round), rebuilds the
-agent from the checkpoint's `agent_kwargs` and, for scripts that normalise observations, the saved
-statistics. Videos (`--capture-video`, needs `pip install -e ".[video]"`) go to RUN_DIR/videos and
-into RUN_DIR's TensorBoard events. Bad input ends with one line `evaluate: error: ...` and exit code 2.
+`Args`, `Agent` (DQN: `QNetwork`), `make_eval_envs` and `evaluate` from it (never the other way round),
+rebuilds the network from the checkpoint's `agent_kwargs` and, for scripts that normalise observations,
+the saved statistics. Atari episodes are whole games (all lives), scored with the game's own points. DQN
+plays epsilon-greedily: `--greedy` is epsilon 0, `--sample` (its default) the run's `--eval-epsilon`.
+Videos (`--capture-video`, needs `pip install -e ".[video]"`) go to RUN_DIR/videos and into RUN_DIR's
+TensorBoard events. Bad input ends with one line `evaluate: error: ...` and exit code 2.
 """
 
 import argparse
@@ -49,8 +51,15 @@ def main(argv=None) -> int:
     parser.add_argument("path", help="a run directory (holding checkpoint.pt) or a checkpoint file")
     parser.add_argument("--episodes", type=int, default=10, help="episodes to play, in parallel (default: 10)")
     policy = parser.add_mutually_exclusive_group()
-    policy.add_argument("--greedy", dest="greedy", action="store_true", default=None, help="take the likeliest action")
-    policy.add_argument("--sample", dest="greedy", action="store_false", help="sample actions from the policy")
+    policy.add_argument(
+        "--greedy", dest="greedy", action="store_true", default=None, help="take the likeliest action (DQN: epsilon 0)"
+    )
+    policy.add_argument(
+        "--sample",
+        dest="greedy",
+        action="store_false",
+        help="sample actions from the policy (DQN: the run's --eval-epsilon); default: the run's --eval-greedy",
+    )
     parser.add_argument("--seed", type=int, default=12345, help="seed of the evaluation envs and sampling")
     parser.add_argument("--capture-video", action="store_true", help="record the first episode to RUN_DIR/videos")
     parser.add_argument("--device", default="cpu", help="torch device to run the agent on (default: cpu)")
@@ -61,20 +70,24 @@ def main(argv=None) -> int:
     ckpt, run_dir = load(options.path)
     script = ckpt["script"]
     module = importlib.import_module(f"cleanrl_ddp.{script}")
-    if (
-        not all(hasattr(module, name) for name in ("make_eval_envs", "evaluate", "log_video"))
-        or "agent_kwargs" not in ckpt
-    ):
-        raise EvalError(
-            f"{script} checkpoints cannot be evaluated yet (no make_eval_envs/evaluate/log_video or agent_kwargs)"
-        )
+    if not all(hasattr(module, name) for name in ("make_eval_envs", "evaluate", "log_video")):
+        raise EvalError(f"{script} checkpoints cannot be evaluated yet (no make_eval_envs/evaluate/log_video)")
+    if "agent_kwargs" not in ckpt:
+        raise EvalError(f"{options.path} has no agent_kwargs (written by an older {script}); it cannot be evaluated")
     saved = {k: v for k, v in ckpt["args"].items() if k in {f.name for f in fields(module.Args)}}
     args = module.Args(**saved)
-    greedy = args.eval_greedy if options.greedy is None else options.greedy
     device = torch.device(options.device)
 
-    agent = module.Agent(**ckpt["agent_kwargs"]).to(device)
-    agent.load_state_dict(ckpt["agent"])
+    if "q_network" in ckpt:  # DQN: the online Q-network, epsilon-greedy
+        agent = module.QNetwork(**ckpt["agent_kwargs"]).to(device)
+        agent.load_state_dict(ckpt["q_network"])
+        policy = 0.0 if options.greedy else args.eval_epsilon  # evaluate's `epsilon`
+        described = "greedy" if policy == 0 else f"epsilon-greedy ({policy})"
+    else:
+        agent = module.Agent(**ckpt["agent_kwargs"]).to(device)
+        agent.load_state_dict(ckpt["agent"])
+        policy = args.eval_greedy if options.greedy is None else options.greedy  # evaluate's `greedy`
+        described = "greedy" if policy else "sampled"
     agent.eval()
     extra = {}
     if "obs_stats" in ckpt and args.norm_obs:  # the statistics the agent was trained with, frozen
@@ -89,10 +102,13 @@ def main(argv=None) -> int:
         except ImportError:
             raise EvalError("--capture-video needs moviepy: pip install -e '.[video]'") from None
         video_dir, video_name = os.path.join(run_dir, "videos"), f"evaluate-step{ckpt['global_step']}"
-    eval_envs = module.make_eval_envs(args.env_id, options.episodes, video_dir)
+    env_kwargs = {}
+    if hasattr(module, "sticky_action_probability"):  # Atari: the sticky-action protocol the run trained under
+        env_kwargs = dict(repeat_action_probability=module.sticky_action_probability(args))
+    eval_envs = module.make_eval_envs(args.env_id, options.episodes, video_dir, **env_kwargs)
     try:
         returns, lengths, video = module.evaluate(
-            agent, eval_envs, greedy, options.seed, device, **extra, video_name=video_name
+            agent, eval_envs, policy, options.seed, device, **extra, video_name=video_name
         )
     finally:
         eval_envs.close()
@@ -105,7 +121,7 @@ def main(argv=None) -> int:
         print(f"video: {video['path']}")
     print(
         f"{script} {args.env_id} at global step {ckpt['global_step']}: return {np.mean(returns):.2f} ± "
-        f"{np.std(returns):.2f} (mean ± std over {len(returns)} {'greedy' if greedy else 'sampled'} episodes, "
+        f"{np.std(returns):.2f} (mean ± std over {len(returns)} {described} episodes, "
         f"mean length {np.mean(lengths):.1f})"
     )
     return 0

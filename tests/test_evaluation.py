@@ -1,9 +1,11 @@
-"""Evaluation, video and loggers (issue 6): --eval-every/--target-return in the PPO scripts, the
+"""Evaluation, video and loggers (issue 6): --eval-every/--target-return in every script, the
 `python -m cleanrl_ddp.evaluate` command, --capture-video, W&B offline runs and TensorBoard's config text."""
 
+import importlib
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 from helpers import REPO, event_files, launch, only_run_dir, read_scalars, wandb_offline_runs
@@ -11,6 +13,11 @@ from helpers import REPO, event_files, launch, only_run_dir, read_scalars, wandb
 TINY = ["--local-num-envs", "2", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "2"]
 CONTINUOUS_TINY = ["--env-id", "InvertedPendulum-v5", "--local-num-envs", "1", "--num-steps", "64"]
 CONTINUOUS_TINY += ["--num-minibatches", "2", "--update-epochs", "2"]
+# 2 ranks x 2 Breakout games x 16 steps: one iteration is 64 global steps
+ATARI_TINY = ["--local-num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "1"]
+# 2 ranks x 2 games: 4 global steps per iteration; a few updates before the evaluation at step 64
+DQN_TINY = ["--local-num-envs", "2", "--buffer-size", "400", "--learning-starts", "32", "--train-frequency", "8"]
+DQN_TINY += ["--log-every", "32", "--eval-epsilon", "1.0"]  # a random evaluation policy: games end quickly
 
 
 def evaluate(*args, timeout=120):
@@ -28,6 +35,19 @@ def tensorboard_text(run_dir, tag: str) -> str:
         if tag in acc.Tags()["tensors"]:
             texts += [t.tensor_proto.string_val[0].decode() for t in acc.Tensors(tag)]
     return "\n".join(texts)
+
+
+def tensorboard_images(run_dir, tag: str) -> list[int]:
+    """The steps of every image (add_video writes a GIF image) logged under `tag`, over all event files."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    steps = []
+    for path in event_files(run_dir):
+        acc = EventAccumulator(str(path), size_guidance={"images": 0})
+        acc.Reload()
+        if tag in acc.Tags()["images"]:
+            steps += [image.step for image in acc.Images(tag)]
+    return sorted(steps)
 
 
 def test_eval_video_wandb_and_evaluate_command(tmp_path):
@@ -74,18 +94,70 @@ def test_eval_video_wandb_and_evaluate_command(tmp_path):
     assert resumed["config"]["total_timesteps"] == 640
 
 
-def test_target_return_stops_every_rank_at_the_same_iteration(tmp_path):
-    # every return is >= 0: the first evaluation (after iteration 1, global step 128) stops the job of 8
-    args = [*TINY, "--runs-dir", tmp_path, "--total-timesteps", 1024, "--eval-every", 128, "--eval-episodes", 2]
-    proc = launch("ppo_multigpu.py", [*args, "--target-return", 0], nproc=2, timeout=240)
+# script: (flags, the global step of the first evaluation, where the stop message says it stopped)
+STOP_RUNS = {
+    "ppo_multigpu.py": ([*TINY, "--total-timesteps", 1024, "--eval-every", 128], 128, "iteration 1 (global step 128)"),
+    "ppo_atari_multigpu.py": (
+        [*ATARI_TINY, "--total-timesteps", 640, "--eval-every", 64],
+        64,
+        "iteration 1 (global step 64)",
+    ),
+    "dqn_atari_multigpu.py": ([*DQN_TINY, "--total-timesteps", 100000, "--eval-every", 64], 64, "global step 64"),
+}
+
+
+@pytest.mark.parametrize("script", STOP_RUNS)
+def test_target_return_stops_every_rank_at_the_same_iteration(tmp_path, script):
+    """Every return is >= 0: the first evaluation stops the 2-rank job, with a final checkpoint. The Atari
+    scripts record it too (frames written by hand: ALE's vector env cannot render), and the evaluate
+    command plays their checkpoint and records a video of its own (CartPole's video: the first test)."""
+    flags, step, where = STOP_RUNS[script]
+    atari = "atari" in script
+    video = ["--capture-video"] if atari else []
+    args = [*flags, "--runs-dir", tmp_path, "--eval-episodes", 1 if atari else 2, "--target-return", 0, *video]
+    proc = launch(script, args, nproc=2, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr  # torchrun exits 0 only if both ranks did
-    assert "reached --target-return 0.0 at iteration 1 (global step 128)" in proc.stdout
+    assert f"reached --target-return 0.0 at {where}" in proc.stdout
     run_dir = only_run_dir(tmp_path)
     ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=False)
-    assert (ckpt["iteration"], ckpt["global_step"]) == (1, 128)  # the final checkpoint, at the stop
+    assert ckpt["global_step"] == step  # the final checkpoint, at the stop
     scalars = read_scalars(run_dir)
-    assert [step for step, _ in scalars["eval/episodic_return"]] == [128]
-    assert max(step for step, _ in scalars["charts/SPS"]) == 128  # no rank went on training
+    assert [s for s, _ in scalars["eval/episodic_return"]] == [step]
+    assert max(s for s, _ in scalars["charts/SPS"]) == step  # no rank went on training
+    if not atari:
+        return
+    assert ckpt["agent_kwargs"] == dict(n_actions=4)  # Breakout
+    assert (run_dir / f"videos/eval-step{step}.mp4").stat().st_size > 1000
+    assert tensorboard_images(run_dir, "eval/video") == [step]
+
+    proc = evaluate(run_dir, "--episodes", 2, "--capture-video")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    policy = "sampled" if script == "ppo_atari_multigpu.py" else "epsilon-greedy (1.0)"  # the runs' own defaults
+    assert f"{script[:-3]} BreakoutNoFrameskip-v4 at global step {step}: return " in proc.stdout
+    assert f"over 2 {policy} episodes" in proc.stdout
+    assert (run_dir / f"videos/evaluate-step{step}.mp4").stat().st_size > 1000
+    assert tensorboard_images(run_dir, "eval/video") == [step, step]  # the run's, and the evaluate command's
+
+
+@pytest.mark.parametrize("script", ["ppo_atari_multigpu", "dqn_atari_multigpu"])
+def test_atari_evaluation_keeps_training_streams_and_records_the_game(tmp_path, script):
+    """In-process: evaluation draws from its own seeded streams (the same games twice; the training RNGs
+    untouched), and the video holds one grayscale frame per step of env 0's whole game."""
+    module = importlib.import_module(f"cleanrl_ddp.{script}")
+    torch.manual_seed(0)
+    net = module.Agent(4) if script.startswith("ppo") else module.QNetwork(4)
+    policy = False if script.startswith("ppo") else 1.0  # sampled / random: an untrained greedy net may never FIRE
+    eval_envs = module.make_eval_envs("BreakoutNoFrameskip-v4", 1, str(tmp_path / "videos"))
+    torch_state, numpy_state = torch.get_rng_state(), np.random.get_state()[1].copy()
+    returns, lengths, video = module.evaluate(net, eval_envs, policy, 7, torch.device("cpu"), "game")
+    again, again_lengths, no_video = module.evaluate(net, eval_envs, policy, 7, torch.device("cpu"))
+    eval_envs.close()
+    assert torch.equal(torch.get_rng_state(), torch_state) and (np.random.get_state()[1] == numpy_state).all()
+    assert returns.tolist() == again.tolist() and lengths.tolist() == again_lengths.tolist() and no_video is None
+    # PPO's env autoresets in the same step (the game's last frame is never seen); DQN's in the next one
+    frames = lengths[0] + (0 if script.startswith("ppo") else 1)
+    assert video["frames"].shape == (frames, 84, 84, 3) and video["frames"].dtype == np.uint8
+    assert video["path"] == str(tmp_path / "videos/game.mp4") and (tmp_path / "videos/game.mp4").stat().st_size > 1000
 
 
 def test_continuous_target_return_and_evaluate_with_normalisation(tmp_path):
@@ -114,22 +186,31 @@ def test_evaluate_rejects_bad_checkpoints_in_one_line(tmp_path, problem):
     elif problem == "foreign":
         torch.save({"model": torch.zeros(3)}, path)
     elif problem == "other-script":
-        torch.save({"script": "ppo_atari_multigpu", "args": {}}, path)  # an Atari checkpoint without agent_kwargs
+        torch.save({"script": "ppo_atari_multigpu", "args": {}}, path)  # an old checkpoint, without agent_kwargs
     proc = evaluate(tmp_path if problem == "missing" else path)
     expected = {
         "missing": "no checkpoint at",
         "corrupt": "is truncated or corrupt",
         "foreign": "is not a checkpoint of a cleanrl_ddp script",
-        "other-script": "ppo_atari_multigpu checkpoints cannot be evaluated yet",
+        "other-script": "has no agent_kwargs (written by an older ppo_atari_multigpu); it cannot be evaluated",
     }[problem]
     lines = (proc.stdout + proc.stderr).strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stdout + proc.stderr
     assert lines[0].startswith("evaluate: error: ") and expected in lines[0], lines[0]
 
 
-@pytest.mark.parametrize("script", ["ppo_multigpu.py", "ppo_continuous_action_multigpu.py"])
-def test_eval_flags_are_checked(script):
+@pytest.mark.parametrize(
+    "script, flag",
+    [
+        ("ppo_multigpu.py", "--target-return"),
+        ("ppo_continuous_action_multigpu.py", "--target-return"),
+        ("ppo_atari_multigpu.py", "--target-return"),
+        ("ppo_atari_multigpu.py", "--capture-video"),
+        ("dqn_atari_multigpu.py", "--capture-video"),  # its --target-return: tests/test_dqn_atari_multigpu.py
+    ],
+)
+def test_eval_flags_are_checked(script, flag):
     from helpers import assert_one_line_error
 
-    proc = launch(script, ["--target-return", 10], nproc=0, timeout=120)
-    assert_one_line_error(proc, "--target-return needs --eval-every", script)
+    proc = launch(script, [flag, 10] if flag == "--target-return" else [flag], nproc=0, timeout=120)
+    assert_one_line_error(proc, f"{flag} needs --eval-every", script)
