@@ -4,6 +4,7 @@
 import importlib
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -144,9 +145,10 @@ def test_atari_evaluation_keeps_training_streams_and_records_the_game(tmp_path, 
     """In-process: evaluation draws from its own seeded streams (the same games twice; the training RNGs
     untouched), and the video holds one grayscale frame per step of env 0's whole game."""
     module = importlib.import_module(f"cleanrl_ddp.{script}")
-    torch.manual_seed(0)
-    net = module.Agent(4) if script.startswith("ppo") else module.QNetwork(4)
-    policy = False if script.startswith("ppo") else 1.0  # sampled / random: an untrained greedy net may never FIRE
+    if script.startswith("ppo"):  # uniform logits, sampled: an untrained Agent's policy, without its CNN's cost
+        net, policy = SimpleNamespace(hidden=lambda x: torch.zeros(len(x), 4), actor=lambda h: h), False
+    else:  # epsilon 1: random actions (and no forward pass); an untrained greedy net may never FIRE
+        net, policy = module.QNetwork(4), 1.0
     eval_envs = module.make_eval_envs("BreakoutNoFrameskip-v4", 1, str(tmp_path / "videos"))
     torch_state, numpy_state = torch.get_rng_state(), np.random.get_state()[1].copy()
     returns, lengths, video = module.evaluate(net, eval_envs, policy, 7, torch.device("cpu"), "game")
