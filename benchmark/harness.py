@@ -16,6 +16,7 @@ its name, so running the grid again resumes it from its checkpoint.
 
 import argparse
 import csv
+import gzip
 import json
 import os
 import platform
@@ -205,6 +206,13 @@ def plot_curves(rows, out: Path) -> list[Path]:
     return paths
 
 
+def portable(command: str) -> str:
+    """A logged command as a reader types it: `torchrun`/`python` instead of this machine's interpreter path."""
+    words = shlex.split(command)
+    words = ["torchrun", *words[3:]] if words[1:3] == ["-m", "torch.distributed.run"] else ["python", *words[1:]]
+    return shlex.join(words)
+
+
 def markdown_table(rows, runs_dir) -> str:
     meta = {json.loads(p.read_text())["name"]: json.loads(p.read_text()) for p in Path(runs_dir).glob(f"*/{DONE_FILE}")}
     returns, sps = series(rows, RETURN_TAG), series(rows, "charts/SPS")
@@ -224,7 +232,7 @@ def markdown_table(rows, runs_dir) -> str:
             f"| {script} | {env_id} | {ws} | {len(finals)} | {steps} | {np.mean(finals):.1f} ± {np.std(finals):.1f} "
             f"| {np.mean(sps_med):.0f} | {np.mean(walls):.1f} |"
         )
-    commands = sorted({m["command"] for m in meta.values()})
+    commands = sorted({portable(m["command"]) for m in meta.values()})
     machines = sorted({m["machine"] for m in meta.values()})
     lines += ["", "Final return: mean ± std over seeds of each run's mean over its last 10% of logged iterations.", ""]
     lines += [f"Machine: {', '.join(machines)}. Finished: {max(m['finished'] for m in meta.values())}.", ""]
@@ -239,14 +247,14 @@ def cmd_report(args) -> int:
         return 1
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "scalars.csv", "w", newline="") as f:
+    with gzip.open(out / "scalars.csv.gz", "wt", newline="") as f:  # compressed: small enough to commit
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
     plots = plot_curves(rows, out)
     table = markdown_table(rows, args.runs_dir)
     (out / "results.md").write_text(table + "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n")
-    print(f"wrote {out / 'scalars.csv'} ({len(rows)} rows), {len(plots)} plot(s), {out / 'results.md'}")
+    print(f"wrote {out / 'scalars.csv.gz'} ({len(rows)} rows), {len(plots)} plot(s), {out / 'results.md'}")
     return 0
 
 

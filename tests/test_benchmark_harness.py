@@ -1,6 +1,7 @@
 """benchmark/harness.py on tiny real runs: grid, skipping complete runs, SLURM array, CSV, plot, table."""
 
 import csv
+import gzip
 import json
 
 from helpers import script_path
@@ -26,7 +27,7 @@ def test_harness_runs_skips_and_reports(tmp_path, capsys):
 
     out = tmp_path / "report"
     assert harness.main(["report", "--runs-dir", str(runs), "--out", str(out)]) == 0
-    with open(out / "scalars.csv") as f:
+    with gzip.open(out / "scalars.csv.gz", "rt") as f:
         rows = list(csv.DictReader(f))
     returns = [r for r in rows if r["tag"] == "charts/episodic_return"]
     assert {(r["world_size"], r["seed"]) for r in returns} == {("1", "1"), ("1", "2"), ("2", "1"), ("2", "2")}
@@ -37,6 +38,8 @@ def test_harness_runs_skips_and_reports(tmp_path, capsys):
     table = (out / "results.md").read_text()
     assert "| ppo_multigpu | CartPole-v1 | 1 | 2 | 512 |" in table
     assert "| ppo_multigpu | CartPole-v1 | 2 | 2 | 512 |" in table
+    commands = [line for line in table.splitlines() if "ppo_multigpu.py " in line]  # as a reader types them
+    assert {c.split(" ", 1)[0] for c in commands} == {"python", "torchrun"} and len(commands) == 4
 
 
 def test_harness_writes_a_slurm_array_instead_of_running(tmp_path):
