@@ -85,15 +85,21 @@ def run_once(script, env_id, world_size, seed, variant_flags, sizes, iterations,
 
 
 def time_shares(events: dict, warmup: int) -> tuple[float, float]:
-    """From rank 0's `perf/*` scalars after warm-up: the update's share of rollout + update time, and the
-    flat gradient all-reduce's share of update time (nan where not logged: under DDP the all-reduce
-    overlaps the backward pass and is not timed apart)."""
+    """From rank 0's `perf/*` scalars after warm-up: the update's share of the time, and the flat gradient
+    all-reduce's share of update time (nan where not logged: under DDP the all-reduce overlaps the
+    backward pass and is not timed apart). The time is rollout + update where the script logs its
+    rollout (PPO), else the wall time between the logged points (DQN, which interleaves them)."""
 
     def total(tag):
         return sum(v for _, _, v in events.get(tag, [])[warmup:])
 
-    update, rollout, sync = total("perf/update_seconds"), total("perf/rollout_seconds"), total("perf/grad_sync_seconds")
-    update_share = update / (update + rollout) if "perf/rollout_seconds" in events and update + rollout else np.nan
+    update, sync = total("perf/update_seconds"), total("perf/grad_sync_seconds")
+    if "perf/rollout_seconds" in events:
+        elapsed = update + total("perf/rollout_seconds")
+    else:
+        points = events.get("perf/update_seconds", [])
+        elapsed = points[-1][0] - points[warmup - 1][0] if 0 < warmup < len(points) else 0.0
+    update_share = update / elapsed if "perf/update_seconds" in events and elapsed else np.nan
     sync_share = sync / update if "perf/grad_sync_seconds" in events and update else np.nan
     return update_share, sync_share
 
@@ -168,7 +174,7 @@ def markdown(rows: list[dict]) -> str:
 
     lines = [
         "| world size | cores | variant | global SPS (steady, median) | weak-scaling efficiency "
-        "| update share of iteration | flat all-reduce share of update | runs |",
+        "| update share of time | flat all-reduce share of update | runs |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:

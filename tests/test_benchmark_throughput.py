@@ -50,6 +50,9 @@ def test_time_shares_read_the_perf_scalars_after_warmup():
     assert time_shares(events, warmup=1) == pytest.approx((0.75, 0.25))
     update_share, sync_share = time_shares({k: v for k, v in events.items() if "grad_sync" not in k}, warmup=1)
     assert update_share == pytest.approx(0.75) and np.isnan(sync_share)  # ddp: the all-reduce is not timed apart
+    # no rollout timing (DQN): the update's share of the wall time between the logged points after warm-up
+    dqn = {"perf/update_seconds": [(100.0, 400, 9.0), (110.0, 800, 4.0), (130.0, 1200, 6.0)]}
+    assert time_shares(dqn, warmup=1)[0] == pytest.approx(10.0 / 30.0)
 
 
 def test_weak_scaling_compares_each_variant_with_its_own_single_rank_rate():
