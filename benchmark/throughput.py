@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmark.events import read_scalar_events
-from benchmark.harness import run_command
+from benchmark.harness import portable, run_command
 
 SPS_TAG = "charts/SPS"
 
@@ -79,9 +79,10 @@ def run_once(script, env_id, world_size, seed, variant_flags, sizes, iterations,
             )
         (run_dir,) = [p for p in Path(runs_dir).iterdir() if p.is_dir()]
         events = read_scalar_events(run_dir)
+    command = portable(shlex.join(cmd))  # as a reader types it: python / torchrun
     if cores:
-        cmd = ["taskset", "-c", ",".join(map(str, cores)), *cmd]
-    return dict(command=shlex.join(cmd), events=events)
+        command = f"taskset -c {','.join(map(str, cores))} {command}"
+    return dict(command=command, events=events)
 
 
 def time_shares(events: dict, warmup: int) -> tuple[float, float]:

@@ -25,6 +25,6 @@ stem=ppo_continuous_action_multigpu; if want "$@"; then
 fi
 stem=dqn_atari_multigpu; if want "$@"; then  # no rollout: one iteration is one step of every env
   python -m benchmark.throughput --script cleanrl_ddp/$stem.py --env-id BreakoutNoFrameskip-v4 "${grid[@]}" \
-    --local-num-envs 4 --num-steps 0 --iterations 600 --warmup 2 --repeats 1 --out "$OUT/$stem" \
-    -- --learning-starts 400 --buffer-size 20000 --log-every 400
+    --local-num-envs 4 --num-steps 0 --iterations 400 --warmup 3 --repeats 1 --out "$OUT/$stem" \
+    -- --learning-starts 400 --buffer-size 24000 --log-every 200  # buffer: divisible by 1, 2 and 3 ranks
 fi
