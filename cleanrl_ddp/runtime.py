@@ -1,0 +1,656 @@
+"""Run plumbing shared by every cleanrl_ddp script: launch, run directory, checkpoints, resume,
+preemption, replica checks, logging and exit codes. docs/runtime.md describes it.
+
+Nothing here is about the algorithm. Plain functions and small dataclasses: a script calls them in one
+line where the thing happens, and nothing here calls back into the script. The algorithm and every
+data-parallel decision (sizes, seeds, the initial broadcast, DDP or the flat all-reduce, which
+metrics are reduced) stay in the scripts.
+
+Every script offers the same evaluation interface, which `cleanrl_ddp/evaluate.py` uses:
+    make_eval_envs(args, num_envs, video_dir=None)  -> rank 0's separate evaluation envs
+    load_agent(ckpt, device)                        -> the `agent` that `evaluate` takes
+    evaluate(agent, eval_envs, args, greedy, seed, device, video_name=None) -> (returns, lengths, video)
+"""
+
+import io
+import os
+import random
+import signal
+import sys
+import time
+from collections import deque
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, fields
+from datetime import timedelta
+from typing import Any, Literal, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import tyro
+
+EXIT_BAD_INPUT = 2
+"""exit code: invalid flags, environment, checkpoint or run directory, or a full disk (nothing was overwritten)"""
+EXIT_DIVERGED = 3
+"""exit code: `--sync-check-every` found replicas whose parameters or optimizer state differ"""
+EXIT_LOST_RANK = 4
+"""exit code: a collective failed: another rank died, stalled past `--dist-timeout`, or the network broke"""
+EXIT_PREEMPTED = 75
+"""exit code: stopped by SIGTERM/SIGUSR1 after saving a checkpoint; relaunch to resume (EX_TEMPFAIL)"""
+CHECKPOINT_KEYS = ("script", "args", "sizes", "world_size", "iteration", "global_step", "rng")
+
+
+class RunError(ValueError):
+    """An error the user can fix; printed as one line by rank 0, then exit with `code`."""
+
+    def __init__(self, message: str, code: int = EXIT_BAD_INPUT):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class RunArgs:
+    """The flags of the run plumbing; every script's `Args` extends this with its algorithm's flags."""
+
+    track: bool = False
+    """if toggled, log to Weights and Biases (one run per job, from rank 0)"""
+    wandb_project_name: str = "cleanrl_ddp"
+    """the W&B project name"""
+    wandb_entity: Optional[str] = None
+    """the W&B entity (team)"""
+    runs_dir: str = "runs"
+    """the directory that holds one sub-directory per run (TensorBoard events, checkpoint.pt, videos)"""
+    run_name: Optional[str] = None
+    """the run's directory name; default `{env_id}__{exp_name}__{seed}__{launch id}`, stable across restarts"""
+    eval_every: int = 0
+    """run evaluation episodes on rank 0 every N global steps (0 = never)"""
+    eval_episodes: int = 10
+    """episodes per evaluation, played in parallel in rank 0's separate evaluation envs"""
+    target_return: Optional[float] = None
+    """stop every rank (after a checkpoint) once an evaluation's mean return reaches this"""
+    capture_video: bool = False
+    """record each evaluation's first episode to {run dir}/videos and TensorBoard/W&B (needs the video extra)"""
+    backend: Optional[Literal["nccl", "gloo"]] = None
+    """the torch.distributed backend; default NCCL on CUDA, gloo on CPU (gloo also lets ranks share a GPU)"""
+    dist_timeout: float = 300.0
+    """seconds a collective may wait for a missing or stalled rank before the job fails"""
+    share_gpus: bool = False
+    """with NCCL, allow more ranks per node than visible GPUs (e.g. srun --gpus-per-task=1: each sees its own)"""
+    sync_check_every: int = 0
+    """every N iterations (DQN: global steps) compare parameter and optimizer checksums across ranks (0 = off)"""
+    checkpoint_every: int = 25
+    """write checkpoint.pt every N iterations (DQN: global steps); 0 = only at the end and when stopped"""
+    resume: Optional[str] = None
+    """continue from a run directory or a checkpoint.pt file (its flags are the defaults; flags given here win)"""
+
+
+@dataclass
+class Run:
+    """Who this process is in the job, and the run's outputs. Made by `start`, filled in by `resume` and `open_logs`."""
+
+    script: str
+    args: Any
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    device: torch.device
+    backend: Optional[str]
+    signals: list = field(default_factory=list)  # preemption signals received, appended by the handler
+    run_dir: str = ""
+    sizes: dict = field(default_factory=dict)
+    writer: Any = None
+    wandb_run_id: Optional[str] = None
+    sps_window: deque = field(default_factory=lambda: deque(maxlen=11))
+    paused_seconds: float = 0.0  # evaluation time, excluded from SPS
+    recent_returns: deque = field(default_factory=lambda: deque(maxlen=100))
+    last_print: float = 0.0
+    last_line: str = ""  # the newest progress line, not yet printed to a log file
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0  # the GLOBAL rank: one writer per job, across nodes
+
+    @property
+    def pin(self) -> bool:
+        """Page-locked host buffers and `non_blocking` copies: a value that differs by device, not a branch."""
+        return self.device.type == "cuda"
+
+
+# ---------------------------------------------------------------------------------------------- launch
+def read_launch_env() -> tuple[int, int, int, int]:
+    """(rank, local_rank, world_size, local_world_size) from torchrun's or SLURM's variables."""
+    env = os.environ
+    if "RANK" in env and "WORLD_SIZE" in env:  # torchrun (or any env:// launcher)
+        return (
+            int(env["RANK"]),
+            int(env.get("LOCAL_RANK", 0)),
+            int(env["WORLD_SIZE"]),
+            int(env.get("LOCAL_WORLD_SIZE", 1)),
+        )
+    if int(env.get("SLURM_NTASKS", 1)) > 1:  # srun, one task per process
+        for var in ("MASTER_ADDR", "MASTER_PORT"):
+            if var not in env:
+                raise RunError(f"under srun, export {var} (e.g. the first host of the job and a free port)")
+        local_world_size = int(env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0])
+        return int(env["SLURM_PROCID"]), int(env.get("SLURM_LOCALID", 0)), int(env["SLURM_NTASKS"]), local_world_size
+    return 0, 0, 1, 1
+
+
+def launch_id() -> str:
+    """An id that names this launch and survives torchrun elastic restarts and SLURM requeues."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    if run_id not in ("", "none"):
+        return run_id
+    if "SLURM_JOB_ID" in os.environ:
+        return "slurm" + os.environ["SLURM_JOB_ID"]
+    return str(int(time.time()))
+
+
+def check_elastic_restarts(run_name: Optional[str]) -> None:
+    """Under torchrun --max-restarts, refuse launches whose restarted workers could not continue the run."""
+    if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", 0)) == 0:
+        return
+    # torchrun shares one TCPStore across restarts (torch >= 2.4, and always with the static rendezvous):
+    # restarted workers read the previous attempt's addresses and fail to connect (pytorch#135712).
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        raise RunError(
+            "torchrun --max-restarts needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 exported and the c10d rendezvous "
+            "(--standalone, or --rdzv-backend=c10d): otherwise restarted workers fail to connect (pytorch#135712)"
+        )
+    stable_id = os.environ.get("TORCHELASTIC_RUN_ID", "none") not in ("", "none") or "SLURM_JOB_ID" in os.environ
+    if not stable_id and run_name is None:  # launch_id() would be a time stamp: a restart starts a new run
+        raise RunError("torchrun --max-restarts needs a run name that survives restarts: pass --rdzv-id=JOB_ID")
+
+
+def check_run_flags(args: RunArgs) -> None:
+    """Raise RunError for run flags that are out of range or that need another flag."""
+    for name in ("checkpoint_every", "sync_check_every", "eval_every"):
+        if getattr(args, name) < 0:
+            raise RunError(f"--{name.replace('_', '-')} must be 0 (off) or positive")
+    if args.eval_episodes < 1:
+        raise RunError(f"--eval-episodes must be at least 1, got {args.eval_episodes}")
+    if args.target_return is not None and not args.eval_every:
+        raise RunError("--target-return needs --eval-every N (the evaluation decides the stop)")
+    if args.capture_video and not args.eval_every:
+        raise RunError("--capture-video needs --eval-every N (videos are of the evaluation episodes)")
+    if args.capture_video:
+        try:
+            import moviepy  # noqa: F401 (gymnasium's RecordVideo and TensorBoard's add_video use it)
+        except ImportError:
+            raise RunError("--capture-video needs moviepy: pip install -e '.[video]'") from None
+    if not args.dist_timeout > 0:
+        raise RunError(f"--dist-timeout must be positive (seconds), got {args.dist_timeout}")
+
+
+def choose_device(use_cuda: bool, backend: Optional[str], local_rank: int, local_world_size: int, share_gpus: bool):
+    """(device, backend): the local rank's GPU when CUDA is used (gloo included), else the CPU."""
+    if not use_cuda:
+        if backend == "nccl":
+            raise RunError("--backend nccl needs CUDA; use --backend gloo (or omit it) on CPU")
+        return torch.device("cpu"), "gloo"
+    backend = backend or "nccl"
+    n_gpus = torch.cuda.device_count()
+    if backend == "nccl" and local_world_size > n_gpus and not share_gpus:
+        raise RunError(
+            f"NCCL cannot put two ranks on one GPU ({local_world_size} ranks on this node, {n_gpus} GPU(s) visible): "
+            "pass --backend gloo to share GPUs, or launch at most one process per GPU"
+        )
+    return torch.device("cuda", local_rank % n_gpus), backend
+
+
+def start(args: RunArgs, script: str, use_cuda: bool) -> Run:
+    """Read the launcher, catch preemption signals, check the run flags, pick the device, join the process group."""
+    rank, local_rank, world_size, local_world_size = read_launch_env()
+    run = Run(script, args, rank, local_rank, world_size, local_world_size, torch.device("cpu"), None)
+    # Preemption: SIGTERM/SIGUSR1 only record the signal; all ranks vote and stop together (`preempted`).
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, lambda signum, frame: run.signals.append(signum))
+    check_run_flags(args)
+    check_elastic_restarts(args.run_name)
+    if args.sync_check_every and world_size == 1:
+        args.sync_check_every = 0  # nothing to compare
+    run.device, run.backend = choose_device(use_cuda, args.backend, local_rank, local_world_size, args.share_gpus)
+    if run.device.type == "cuda":
+        torch.cuda.set_device(run.device)
+    # Each rank gets its share of the cores it may run on (torchrun would otherwise leave 1).
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // local_world_size))
+    if world_size > 1:
+        dist.init_process_group(
+            backend=run.backend,
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=args.dist_timeout),
+            device_id=run.device if run.backend == "nccl" else None,
+        )
+    if run.is_main:
+        backend = run.backend if world_size > 1 else "none (one process)"
+        print(f"{script}: {world_size} rank(s), device {run.device}, backend {backend}", flush=True)
+    return run
+
+
+# ---------------------------------------------------------------------------------------------- checkpoints
+def atomic_save(obj, path: str) -> None:
+    """Write `obj` so that a crash at any instant leaves either the old or the new file, never a torn one.
+
+    Serialised in memory first, so that a full disk raises a plain OSError (ENOSPC, EFBIG) from
+    `write`, not an error from inside torch's zip writer.
+    """
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(buffer.getbuffer())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    dir_fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def load_checkpoint(path: str, script: str, required: tuple = ()) -> dict:
+    """Load and validate a checkpoint of `script` holding `required` state; raise RunError with the reason."""
+    if os.path.isdir(path):
+        path = os.path.join(path, "checkpoint.pt")
+    if not os.path.isfile(path):
+        raise RunError(f"--resume: no checkpoint at {path}")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # torch raises several error types for truncated or foreign files
+        raise RunError(f"--resume: {path} is truncated or corrupt ({type(e).__name__}); it was left as it is")
+    if not isinstance(ckpt, dict) or ckpt.get("script") != script:
+        found = ckpt.get("script") if isinstance(ckpt, dict) else type(ckpt).__name__
+        raise RunError(f"--resume: {path} was written by {found!r}, not {script}")
+    missing = set(CHECKPOINT_KEYS + tuple(required)) - ckpt.keys()
+    if missing:
+        raise RunError(f"--resume: {path} lacks {', '.join(sorted(missing))}; it was left as it is")
+    return ckpt
+
+
+def rng_states(device: torch.device) -> dict:
+    states = dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state())
+    if device.type == "cuda":
+        states["cuda"] = torch.cuda.get_rng_state(device)
+    return states
+
+
+def set_rng_states(states: dict, device: torch.device) -> None:
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+    if device.type == "cuda" and "cuda" in states:
+        torch.cuda.set_rng_state(states["cuda"], device)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global generators."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def broadcast_from_main(run: Run, obj):
+    """Rank 0's `obj` on every rank (one collective; nothing to do with one process)."""
+    if run.world_size == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def resume(run: Run, args: RunArgs, required: tuple = ()) -> tuple[Any, Optional[dict]]:
+    """Find the run directory and the checkpoint to continue from; returns (args, checkpoint or None).
+
+    Rank 0 decides and every rank learns the outcome (or the same RunError). A checkpoint is taken
+    from `--resume`, or from the run directory itself when it holds one (an elastic restart or a
+    requeued job). A resumed run takes the checkpoint's flags as its defaults; flags given on this
+    command line still win, except the env id and the world size, which must match.
+    """
+    outcome = None
+    if run.is_main:
+        try:
+            run_name = args.run_name or f"{args.env_id}__{args.exp_name}__{args.seed}__{launch_id()}"
+            run_dir = os.path.join(args.runs_dir, run_name.replace("/", "-"))  # ALE/Pong-v5: one directory
+            source = args.resume
+            if source is None and os.path.isfile(os.path.join(run_dir, "checkpoint.pt")):
+                source = run_dir
+            ckpt = load_checkpoint(source, run.script, required) if source else None
+            if ckpt is not None:
+                if args.resume:  # continue writing into the directory of the checkpoint
+                    run_dir = args.resume if os.path.isdir(args.resume) else os.path.dirname(args.resume) or "."
+                saved = {k: v for k, v in ckpt["args"].items() if k in {f.name for f in fields(type(args))}}
+                args = tyro.cli(type(args), default=type(args)(**saved))
+                if args.env_id != saved["env_id"]:
+                    raise RunError(f"--resume: {source} trained {saved['env_id']}, not --env-id {args.env_id}")
+                if ckpt["world_size"] != run.world_size:
+                    raise RunError(
+                        f"--resume: the checkpoint was written with world size {ckpt['world_size']} (global batch "
+                        f"{ckpt['sizes']['batch_size']}); relaunch with {ckpt['world_size']} processes"
+                    )
+            outcome = (run_dir, args, ckpt)
+        except RunError as e:
+            outcome = e
+    outcome = broadcast_from_main(run, outcome)
+    if isinstance(outcome, RunError):
+        raise outcome
+    run.run_dir, run.args, ckpt = outcome
+    run.wandb_run_id = ckpt.get("wandb_run_id") if ckpt else None
+    if ckpt:
+        check_run_flags(run.args)
+    return run.args, ckpt
+
+
+def save_checkpoint(run: Run, iteration: int, global_step: int, rank_state=None, **state) -> None:
+    """Write {run dir}/checkpoint.pt atomically from rank 0, with every rank's RNG states (collective).
+
+    `state` is the script's own, the same on every rank (agent, optimizer, ...); `rank_state` is each
+    rank's own (its envs, say), saved as the list `ckpt["rank_state"]` by rank. A failed write (full
+    disk, quota, read-only) stops every rank with one line; the previous checkpoint is left intact.
+    """
+    local = (rng_states(run.device), rank_state)
+    gathered = [local]
+    if run.world_size > 1:
+        gathered = [None] * run.world_size
+        dist.all_gather_object(gathered, local)
+    all_rng, all_rank_state = [g[0] for g in gathered], [g[1] for g in gathered]
+    error = None
+    if run.is_main:
+        run.writer.flush()  # the events up to this checkpoint reach the file first: a crash after it loses none
+        ckpt = dict(
+            script=run.script,
+            args=asdict(run.args),
+            sizes=run.sizes,
+            world_size=run.world_size,
+            iteration=iteration,
+            global_step=global_step,
+            rng=all_rng,
+            rank_state=all_rank_state,
+            wandb_run_id=run.wandb_run_id,
+            **state,
+        )
+        path = os.path.join(run.run_dir, "checkpoint.pt")
+        try:
+            atomic_save(ckpt, path)
+        except OSError as e:
+            error = f"could not write {path} ({e.strerror}); the previous checkpoint is intact"
+    error = broadcast_from_main(run, error)
+    if error:
+        raise RunError(error)
+
+
+# ---------------------------------------------------------------------------------------------- collectives
+def preempted(run: Run) -> bool:
+    """Whether any rank has received SIGTERM/SIGUSR1: one all-reduce of the votes, so all ranks agree."""
+    vote = torch.tensor([float(bool(run.signals))], device=run.device)
+    if run.world_size > 1:
+        dist.all_reduce(vote)
+    return vote.item() > 0
+
+
+def all_sum(run: Run, metrics: dict) -> dict:
+    """Sum named metrics over all ranks in one all-reduce (float64): a dict in, a dict of floats out."""
+    values = torch.tensor([float(v) for v in metrics.values()], dtype=torch.float64, device=run.device)
+    if run.world_size > 1:
+        dist.all_reduce(values)
+    return dict(zip(metrics, values.tolist(), strict=True))
+
+
+def state_checksum(*objects) -> torch.Tensor:
+    """A cheap fingerprint (int64 [2]) of the exact bits of modules, optimizers and tensors."""
+    tensors = []
+    for obj in objects:
+        if isinstance(obj, torch.Tensor):
+            tensors.append(obj)
+        elif isinstance(obj, torch.optim.Optimizer):
+            for state in obj.state_dict()["state"].values():
+                tensors += [v for v in state.values() if torch.is_tensor(v)]
+        else:
+            tensors += list(obj.state_dict().values())
+    device = next((t.device for t in tensors), torch.device("cpu"))
+    total = torch.zeros(2, dtype=torch.int64, device=device)
+    views = {
+        torch.float64: torch.int64,
+        torch.float32: torch.int32,
+        torch.bfloat16: torch.int16,
+        torch.float16: torch.int16,
+    }
+    for t in tensors:
+        bits = t.detach().reshape(-1).to(device)
+        bits = (bits.view(views[bits.dtype]) if bits.dtype in views else bits).to(torch.int64)
+        total[0] += bits.sum()
+        total[1] += (bits * torch.arange(1, bits.numel() + 1, device=device)).sum()
+    return total
+
+
+def check_replicas_in_sync(where: str, world_size: int, *objects) -> None:
+    """Raise RunError (EXIT_DIVERGED) on every rank, naming the ranks, if any replica's bits differ from rank 0's."""
+    local = state_checksum(*objects)
+    gathered = [torch.zeros_like(local) for _ in range(world_size)]
+    dist.all_gather(gathered, local)
+    bad = [r for r in range(1, world_size) if not torch.equal(gathered[r], gathered[0])]
+    if bad:
+        raise RunError(
+            f"replicas diverged at {where}: rank(s) {bad} hold parameters or optimizer state that differ from rank 0's",
+            EXIT_DIVERGED,
+        )
+
+
+def steps_crossed(prev_step: int, global_step: int, every: int) -> int:
+    """How many multiples of `every` lie in (prev_step, global_step]: the schedule of periodic events.
+
+    The global step grows by the global batch per iteration, so a period that is not a multiple of it
+    is still kept on average, and every rank computes the same answer from the same global step.
+    """
+    return global_step // every - prev_step // every if every > 0 else 0
+
+
+# ---------------------------------------------------------------------------------------------- logging
+def open_logs(run: Run, sizes: dict, ckpt: Optional[dict]) -> None:
+    """Create the run directory, then on rank 0 TensorBoard (and W&B with --track) and the sizes table on stdout."""
+    run.sizes = sizes
+    global_step = ckpt["global_step"] if ckpt else 0
+    run.sps_window.append((time.time(), global_step))
+    error = None
+    if run.is_main:  # created only now: a run that fails its checks before this writes nothing
+        try:
+            os.makedirs(run.run_dir, exist_ok=True)
+            probe = os.path.join(run.run_dir, f".write-test.{os.getpid()}")
+            open(probe, "w").close()
+            os.remove(probe)
+        except OSError as e:
+            error = f"cannot write to the run directory {run.run_dir}: {e.strerror}"
+    error = broadcast_from_main(run, error)
+    if error:
+        raise RunError(error)
+    if not run.is_main:
+        return
+    from torch.utils.tensorboard import SummaryWriter
+
+    args = run.args
+    config = {**asdict(args), **sizes}
+    if args.track:
+        import wandb
+
+        # a resumed run passes the id saved in its checkpoint; a new one keeps the id W&B chose
+        run.wandb_run_id = wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity,
+            sync_tensorboard=True,
+            config=config,
+            name=os.path.basename(run.run_dir),
+            id=run.wandb_run_id,
+            resume="allow",
+            save_code=True,
+        ).id
+    # purge_step drops events a crashed attempt logged after the checkpoint: no duplicate steps
+    run.writer = SummaryWriter(run.run_dir, purge_step=global_step + 1 if ckpt else None)
+    run.writer.add_text(
+        "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in config.items())
+    )
+    print(f"{run.script}: {args.env_id}, run directory {run.run_dir}")
+    for key, value in sizes.items():
+        print(f"  {key:<22}{value}")
+    if ckpt:
+        print(f"  resuming at iteration {ckpt['iteration'] + 1}, global step {global_step}", flush=True)
+
+
+def log(run: Run, global_step: int, scalars: dict, episodes: tuple) -> None:
+    """Rank 0: write `scalars`, the episode means and SPS, and show progress (no collective).
+
+    `episodes` is (sum of returns, sum of lengths, count) of the episodes that ended, over all ranks.
+    """
+    run.sps_window.append((time.time() - run.paused_seconds, global_step))
+    (t0, s0), (t1, s1) = run.sps_window[0], run.sps_window[-1]
+    sps = int((s1 - s0) / max(t1 - t0, 1e-9))
+    if not run.is_main:
+        return
+    return_sum, length_sum, count = episodes
+    scalars = {**scalars, "charts/episodes": count, "charts/SPS": sps}
+    if count:
+        scalars.update({"charts/episodic_return": return_sum / count, "charts/episodic_length": length_sum / count})
+        run.recent_returns.append(return_sum / count)
+    for tag, value in scalars.items():
+        run.writer.add_scalar(tag, value, global_step)
+    total = run.args.total_timesteps
+    recent = np.mean(run.recent_returns) if run.recent_returns else float("nan")
+    line = f"step {global_step}/{total} ({100 * global_step / total:.0f}%)  SPS {sps}  return {recent:.1f}"
+    run.last_line = line
+    if sys.stdout.isatty():  # one live line on a terminal, a line every 10 s in a log file
+        print("\r" + line, end="", flush=True)
+    elif time.time() - run.last_print >= 10:
+        run.last_print, run.last_line = time.time(), ""
+        print(line, flush=True)
+
+
+@contextmanager
+def off_the_clock(run: Run):
+    """Time spent inside (evaluation) does not count in SPS."""
+    started = time.time()
+    try:
+        yield
+    finally:
+        run.paused_seconds += time.time() - started
+
+
+def video_dir(run: Run) -> Optional[str]:
+    """Where rank 0's evaluation videos go, or None without --capture-video."""
+    return os.path.join(run.run_dir, "videos") if run.args.capture_video else None
+
+
+def log_video(writer, video: dict, global_step: int, track: bool) -> None:
+    """Attach an evaluation video (from a script's `evaluate`) to TensorBoard and, with --track, to W&B."""
+    frames = video["frames"][:: max(1, len(video["frames"]) // 200)]  # TensorBoard stores a GIF: keep it small
+    fps = video["fps"] * len(frames) / len(video["frames"])
+    writer.add_video("eval/video", frames.transpose(0, 3, 1, 2)[None], global_step, fps=max(1, round(fps)))
+    if track:
+        import wandb
+
+        wandb.log({"eval/video": wandb.Video(video["path"], format="mp4")})
+
+
+def log_evaluation(run: Run, result: Optional[tuple], global_step: int) -> bool:
+    """Log rank 0's evaluation `result` (returns, lengths, video) and tell every rank whether to stop.
+
+    The stop decision is broadcast, so all ranks leave the loop after the same iteration.
+    """
+    stop = False
+    if run.is_main:
+        returns, lengths, video = result
+        run.writer.add_scalar("eval/episodic_return", returns.mean(), global_step)
+        run.writer.add_scalar("eval/episodic_length", lengths.mean(), global_step)
+        if video is not None:
+            log_video(run.writer, video, global_step, run.args.track)
+        target = run.args.target_return
+        stop = target is not None and returns.mean() >= target
+        if stop:
+            print(
+                f"\n{run.script}: evaluation return {returns.mean():.1f} reached --target-return {target} "
+                f"at global step {global_step}; checkpoint saved in {run.run_dir}",
+                flush=True,
+            )
+    return bool(broadcast_from_main(run, stop))
+
+
+def finish(run: Run, global_step: int, preempted: bool) -> None:
+    """Close the logs; after a preemption, say where to resume and exit with EXIT_PREEMPTED."""
+    if run.is_main:
+        print("" if sys.stdout.isatty() else run.last_line, flush=True)  # end the live line, or show the last
+        run.writer.close()
+        if run.args.track:
+            import wandb
+
+            wandb.finish(exit_code=EXIT_PREEMPTED if preempted else 0)
+        if preempted:
+            print(
+                f"{run.script}: preempted by a signal at global step {global_step}; checkpoint saved in "
+                f"{run.run_dir}; relaunch with --resume {run.run_dir} to continue",
+                file=sys.stderr,
+                flush=True,
+            )
+    if preempted:
+        raise SystemExit(EXIT_PREEMPTED)
+
+
+# ---------------------------------------------------------------------------------------------- exit
+def lost_rank_message(e: BaseException) -> Optional[str]:
+    """The reason, if `e` is what a collective raises when a peer died or stalled past the timeout, else None."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if not (isinstance(e, dist.DistError) or (isinstance(e, RuntimeError) and "gloo" in text.lower())):
+        return None
+    return text.split("] ", 1)[-1].split(". This is typically", 1)[0][:160]  # drop the C++ source prefix
+
+
+@contextmanager
+def exit_codes(script: str):
+    """Wrap a script's `main()`: one-line errors and exit codes, process-group teardown, then leave.
+
+    RunError: rank 0 prints `{script}: error: ...` and every rank exits with its code. A failed collective
+    (a lost rank): every surviving rank prints one line and exits with EXIT_LOST_RANK.
+    """
+    exit_code = 1
+    try:
+        yield
+        exit_code = 0
+    except SystemExit as e:
+        exit_code = e.code if isinstance(e.code, int) else 1
+    except RunError as e:
+        exit_code = e.code
+        if int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0))) == 0:
+            print(f"{script}: error: {e}", file=sys.stderr, flush=True)
+        elif not dist.is_initialized():
+            # Every rank found the same bad input before the ranks met; let rank 0 (maybe still starting
+            # up) print it first: torchrun stops the other ranks as soon as one exits.
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            time.sleep(5)
+    except Exception as e:
+        reason = lost_rank_message(e)
+        if reason is None:
+            import traceback
+
+            traceback.print_exc()
+        else:  # the other ranks cannot be told, so every surviving rank says it, in one line
+            exit_code = EXIT_LOST_RANK
+            rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0))
+            print(
+                f"{script}: error: rank {rank} lost contact with the other ranks ({reason}): a rank died, stalled "
+                "longer than --dist-timeout, or the network failed; relaunch to resume from the last checkpoint",
+                file=sys.stderr,
+                flush=True,
+            )
+    finally:
+        if dist.is_initialized() and exit_code != EXIT_LOST_RANK:  # teardown could wait on the lost peers
+            dist.destroy_process_group()
+        # Leave without interpreter finalization: there, gloo's C++ threads can still call std::terminate
+        # ("terminate called without an active exception", pytorch#179291) and turn a finished run, or the
+        # one-line exit 4 of a lost rank, into SIGABRT. Logs and checkpoints are closed and flushed by now.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exit_code)
