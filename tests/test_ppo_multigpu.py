@@ -83,9 +83,9 @@ def test_ppo_loss_matches_hand_computation():
     v = 0.5 * (1.0 + 1.0) / 2
     expected = pg - 0.01 * 0.5 + 0.5 * v
     assert loss.item() == pytest.approx(float(expected), rel=1e-5)
-    assert stats[0].item() == pytest.approx(float(pg), rel=1e-5)
-    assert stats[1].item() == pytest.approx(v, rel=1e-5)
-    assert stats[5].item() == pytest.approx(0.5)  # clipfrac: one of two ratios outside [0.8, 1.2]
+    assert stats["policy_loss"].item() == pytest.approx(float(pg), rel=1e-5)
+    assert stats["value_loss"].item() == pytest.approx(v, rel=1e-5)
+    assert stats["clipfrac"].item() == pytest.approx(0.5)  # clipfrac: one of two ratios outside [0.8, 1.2]
 
 
 @pytest.mark.parametrize("nproc", [0, 2], ids=["python", "torchrun-2"])
