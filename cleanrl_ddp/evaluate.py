@@ -3,11 +3,11 @@
     python -m cleanrl_ddp.evaluate runs/CartPole-v1__ppo_multigpu__1__1700000000 --episodes 10
     python -m cleanrl_ddp.evaluate runs/.../checkpoint.pt --sample --capture-video
 
-The checkpoint's "script" key names the script module (cleanrl_ddp/<script>.py); this tool imports
-`Args`, `Agent` (DQN: `QNetwork`), `make_eval_envs` and `evaluate` from it (never the other way round),
-rebuilds the network from the checkpoint's `agent_kwargs` and, for scripts that normalise observations,
-the saved statistics. Atari episodes are whole games (all lives), scored with the game's own points. DQN
-plays epsilon-greedily: `--greedy` is epsilon 0, `--sample` (its default) the run's `--eval-epsilon`.
+The checkpoint's "script" key names the script module (cleanrl_ddp/<script>.py); this tool uses the
+evaluation interface every script offers (cleanrl_ddp/runtime.py): `load_agent(ckpt, device)`,
+`make_eval_envs(args, num_envs, video_dir)` and `evaluate(agent, eval_envs, args, greedy, seed, device,
+video_name)`, with the run's own `Args`. Atari episodes are whole games (all lives), scored with the
+game's own points. DQN plays epsilon-greedily: `--greedy` is epsilon 0, `--sample` the run's `--eval-epsilon`.
 Videos (`--capture-video`, needs `pip install -e ".[video]"`) go to RUN_DIR/videos and into RUN_DIR's
 TensorBoard events. Bad input ends with one line `evaluate: error: ...` and exit code 2.
 """
@@ -21,7 +21,7 @@ from dataclasses import fields
 import numpy as np
 import torch
 
-EXIT_BAD_INPUT = 2
+from cleanrl_ddp.runtime import EXIT_BAD_INPUT, log_video
 
 
 class EvalError(Exception):
@@ -70,31 +70,13 @@ def main(argv=None) -> int:
     ckpt, run_dir = load(options.path)
     script = ckpt["script"]
     module = importlib.import_module(f"cleanrl_ddp.{script}")
-    if not all(hasattr(module, name) for name in ("make_eval_envs", "evaluate", "log_video")):
-        raise EvalError(f"{script} checkpoints cannot be evaluated yet (no make_eval_envs/evaluate/log_video)")
     if "agent_kwargs" not in ckpt:
         raise EvalError(f"{options.path} has no agent_kwargs (written by an older {script}); it cannot be evaluated")
     saved = {k: v for k, v in ckpt["args"].items() if k in {f.name for f in fields(module.Args)}}
     args = module.Args(**saved)
     device = torch.device(options.device)
-
-    if "q_network" in ckpt:  # DQN: the online Q-network, epsilon-greedy
-        agent = module.QNetwork(**ckpt["agent_kwargs"]).to(device)
-        agent.load_state_dict(ckpt["q_network"])
-        policy = 0.0 if options.greedy else args.eval_epsilon  # evaluate's `epsilon`
-        described = "greedy" if policy == 0 else f"epsilon-greedy ({policy})"
-    else:
-        agent = module.Agent(**ckpt["agent_kwargs"]).to(device)
-        agent.load_state_dict(ckpt["agent"])
-        policy = args.eval_greedy if options.greedy is None else options.greedy  # evaluate's `greedy`
-        described = "greedy" if policy else "sampled"
-    agent.eval()
-    extra = {}
-    if "obs_stats" in ckpt and args.norm_obs:  # the statistics the agent was trained with, frozen
-        obs_stats = module.RunningStats(ckpt["obs_stats"]["mean"].shape, device)
-        obs_stats.load_state_dict(ckpt["obs_stats"])
-        extra = dict(obs_stats=obs_stats, clip_obs=args.clip_obs)
-
+    agent = module.load_agent(ckpt, device)
+    greedy = args.eval_greedy if options.greedy is None else options.greedy  # DQN: sampled = the run's epsilon
     video_dir, video_name = None, None
     if options.capture_video:
         try:
@@ -102,26 +84,21 @@ def main(argv=None) -> int:
         except ImportError:
             raise EvalError("--capture-video needs moviepy: pip install -e '.[video]'") from None
         video_dir, video_name = os.path.join(run_dir, "videos"), f"evaluate-step{ckpt['global_step']}"
-    env_kwargs = {}
-    if hasattr(module, "sticky_action_probability"):  # Atari: the sticky-action protocol the run trained under
-        env_kwargs = dict(repeat_action_probability=module.sticky_action_probability(args))
-    eval_envs = module.make_eval_envs(args.env_id, options.episodes, video_dir, **env_kwargs)
+    eval_envs = module.make_eval_envs(args, options.episodes, video_dir)
     try:
-        returns, lengths, video = module.evaluate(
-            agent, eval_envs, policy, options.seed, device, **extra, video_name=video_name
-        )
+        returns, lengths, video = module.evaluate(agent, eval_envs, args, greedy, options.seed, device, video_name)
     finally:
         eval_envs.close()
     if video is not None:
         from torch.utils.tensorboard import SummaryWriter
 
         writer = SummaryWriter(run_dir)  # next to the run's own events: TensorBoard shows it with the run
-        module.log_video(writer, video, ckpt["global_step"], track=False)
+        log_video(writer, video, ckpt["global_step"], track=False)
         writer.close()
         print(f"video: {video['path']}")
     print(
         f"{script} {args.env_id} at global step {ckpt['global_step']}: return {np.mean(returns):.2f} ± "
-        f"{np.std(returns):.2f} (mean ± std over {len(returns)} {described} episodes, "
+        f"{np.std(returns):.2f} (mean ± std over {len(returns)} {'greedy' if greedy else 'sampled'} episodes, "
         f"mean length {np.mean(lengths):.1f})"
     )
     return 0

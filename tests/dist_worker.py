@@ -4,9 +4,9 @@
     torchrun ... tests/dist_worker.py observe OUTDIR cleanrl_ddp/<script>.py [script flags...]
     torchrun ... tests/dist_worker.py diverge OUTDIR cleanrl_ddp/<script>.py [script flags...]
 
-`unit` imports each listed script's own network, loss (ppo_loss or td_loss), all_reduce_gradients_flat and
-check_replicas_in_sync and compares distributed updates with the single-process updates on the union of the
-local minibatches; one launch covers several scripts.
+`unit` imports each listed script's own network, loss (ppo_loss or td_loss) and all_reduce_gradients_flat (and
+the run module's check_replicas_in_sync) and compares distributed updates with the single-process updates on
+the union of the local minibatches; one launch covers several scripts.
 `observe` runs the real script unchanged (runpy, as `__main__`) and records from outside what every
 rank did: env seeds, env steps, sampled actions, RNG streams, optimizer steps, parameters before the
 first update, final parameters and optimizer state, the env step of every optimizer step, target networks
@@ -32,6 +32,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+from cleanrl_ddp.runtime import RunError, check_replicas_in_sync
 
 
 @dataclass
@@ -215,8 +217,8 @@ def unit_script(script_path: str, rank: int, world_size: int) -> dict:
 
     def sync_check_message():
         try:
-            mod.check_replicas_in_sync(replicas, optimizer, 7, world_size)
-        except RuntimeError as e:
+            check_replicas_in_sync("iteration 7", world_size, replicas, optimizer)
+        except RunError as e:
             return str(e)
         return None
 
@@ -270,6 +272,8 @@ def observe(outdir: Path, script_path: str, script_args: list, nudge_after_step:
         summary_writers=[],
         dist_rank=None,
         exit_code=None,
+        episodes=[],  # (this rank's env steps so far, return, length) of each finished episode (gymnasium envs)
+        loss_entropies=[],  # (this rank's env steps so far, mean entropy) of each loss forward of the Agent (PPO)
     )
     optimizers = []
     spec = SCRIPTS[Path(script_path).name]
@@ -277,8 +281,14 @@ def observe(outdir: Path, script_path: str, script_args: list, nudge_after_step:
     targets = []  # DQN: those whose parameters no optimizer holds
     target_versions = []
 
+    from torch.nn.modules.module import register_module_forward_hook
+
+    def record_loss_entropy(module, inputs, output):
+        if type(module).__name__ == "Agent" and len(inputs) == 2:  # forward(x, action): the loss, not the rollout
+            rec["loss_entropies"].append((rec["env_steps"], float(output[2].float().mean())))
+
+    register_module_forward_hook(record_loss_entropy)
     if spec.dqn:
-        from torch.nn.modules.module import register_module_forward_hook
 
         def record_network(module, inputs, output):
             if type(module).__name__ == "QNetwork" and not any(module is m for m in networks):
@@ -316,7 +326,15 @@ def observe(outdir: Path, script_path: str, script_args: list, nudge_after_step:
             rec["env_steps"] += self.num_envs
             if len(rec["actions"]) < 256:
                 rec["actions"] += np.asarray(actions).reshape(self.num_envs, -1).tolist()
-            return step(self, actions)
+            result = step(self, actions)
+            if isinstance(self, gym.vector.SyncVectorEnv):  # episode = terminated or truncated (not Atari's games)
+                running = self.__dict__.setdefault("_recorded", [np.zeros(self.num_envs), np.zeros(self.num_envs)])
+                running[0] += result[1]
+                running[1] += 1
+                for i in np.flatnonzero(np.logical_or(result[2], result[3])):
+                    rec["episodes"].append((rec["env_steps"], float(running[0][i]), int(running[1][i])))
+                    running[0][i] = running[1][i] = 0
+            return result
 
         cls.reset, cls.step = recording_reset, recording_step
 

@@ -175,6 +175,35 @@ def test_ddp_and_flat_paths_agree(unit):
         assert r["ddp_vs_flat_update_rel_err"] < 1e-6, r
 
 
+# Logged metrics are the reduction over all ranks, not rank 0's own numbers
+@pytest.mark.parametrize("script", ["ppo_multigpu.py", "ppo_continuous_action_multigpu.py"])
+def test_logged_losses_and_episodes_are_reduced_over_all_ranks(tmp_path_factory, script):
+    """Each rank's own episodes and loss-forward entropies, recorded from outside, give the logged values:
+    charts/episodic_return is the mean over every rank's finished episodes, losses/entropy the mean over
+    ranks of each rank's mean over its minibatches; rank 0's own numbers differ from both."""
+    run = get_run(tmp_path_factory, script).assert_finished()
+    scalars = read_scalars(run.run_dir)
+    local_steps = run.spec.local_batch  # this rank's env steps per iteration
+    checked = 0
+    for step, logged in scalars["losses/entropy"]:
+        end = step // run.world_size  # each rank's env steps at the end of this iteration
+        own = [[e for s, e in r["loss_entropies"] if s == end] for r in run.ranks]
+        assert all(own), (step, own)
+        means = [sum(e) / len(e) for e in own]
+        assert logged == pytest.approx(sum(means) / len(means), rel=1e-5), step
+        checked += any(m != pytest.approx(means[0], rel=1e-5) for m in means[1:])
+    assert checked, "no iteration where the ranks' own entropies differ"
+    differs = 0
+    for step, logged in scalars.get("charts/episodic_return", []):
+        end = step // run.world_size
+        own = [[(ret, n) for s, ret, n in r["episodes"] if end - local_steps < s <= end] for r in run.ranks]
+        every = [ret for episodes in own for ret, _ in episodes]
+        assert logged == pytest.approx(sum(every) / len(every), rel=1e-5), step
+        assert sum(len(e) for e in own) == dict(scalars["charts/episodes"])[step]
+        differs += bool(own[0]) and sum(r for r, _ in own[0]) / len(own[0]) != pytest.approx(logged, rel=1e-5)
+    assert differs, "no iteration where rank 0's own episodes differ from all ranks' (the test could not tell)"
+
+
 # --sync-check-every: the checksum comparison names the diverged rank, for parameters and optimizer state
 def test_sync_check_names_the_diverged_rank(unit):
     for r in unit:

@@ -18,6 +18,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from helpers import (
@@ -210,11 +211,12 @@ def test_sigterm_to_torchrun_saves_then_resume_finishes(tmp_path, script):
     assert result.returncode == 1, output  # torchrun's own code after a signal; the workers exit 75
     lines = [line for line in output.splitlines() if line.startswith(f"{script.stem}: preempted")]
     assert len(lines) == 1, output
-    stopped_at = int(re.search(r"at iteration (\d+)", lines[0]).group(1))
+    stopped_step = int(re.search(r"at global step (\d+);", lines[0]).group(1))
+    stopped_at = stopped_step // steps_per_iter
     run_dir = only_run_dir(tmp_path / "runs")
     ckpt = load(run_dir / "checkpoint.pt")
     assert ckpt["iteration"] == stopped_at < iterations
-    assert ckpt["global_step"] == stopped_at * steps_per_iter
+    assert ckpt["global_step"] == stopped_step == stopped_at * steps_per_iter
     assert ckpt["wandb_run_id"]
 
     # only --resume: the other flags (env, budget, sizes, --track, ...) come from the checkpoint
@@ -230,6 +232,47 @@ def test_sigterm_to_torchrun_saves_then_resume_finishes(tmp_path, script):
     assert_steps_complete(run_dir, iterations, script)
 
 
+def assert_same_bits(a, b, where="") -> None:
+    """Nested dicts/lists of tensors and numbers are equal, bit for bit."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_same_bits(a[key], b[key], f"{where}/{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same_bits(x, y, f"{where}/{i}")
+    elif torch.is_tensor(a):
+        assert torch.equal(a, b), where
+    elif isinstance(a, np.ndarray):
+        assert np.array_equal(a, b), where
+    else:
+        assert a == b, where
+
+
+@pytest.mark.parametrize("script", [case(PPO), case(CONTINUOUS)])
+def test_resumed_run_equals_the_uninterrupted_run(tmp_path, script):
+    """Stopped by SIGTERM and resumed, a 2-rank run ends with the same parameters, optimizer state and RNG
+    streams as the same run without the stop: weights, Adam's moments, every rank's RNG streams and envs
+    (and the continuous script's statistics) all carry over. Restoring only the weights fails this."""
+    iterations = 40
+    whole = launch(script.name, script.args(iterations, tmp_path / "whole", "--checkpoint-every", 0), nproc=2)
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    proc = start(script.name, script.args(iterations, tmp_path / "stopped", "--checkpoint-every", 1), nproc=2)
+    wait_until(lambda: first_checkpoint(tmp_path / "stopped"), 120, proc, "first checkpoint")
+    os.kill(proc.pid, signal.SIGTERM)
+    finish(proc, 120)
+    run_dir = only_run_dir(tmp_path / "stopped")
+    assert load(run_dir / "checkpoint.pt")["iteration"] < iterations  # it did stop
+    resumed = launch(script.name, ["--resume", run_dir], nproc=2, timeout=180)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    expected, got = load(only_run_dir(tmp_path / "whole") / "checkpoint.pt"), load(run_dir / "checkpoint.pt")
+    assert got["global_step"] == expected["global_step"] == iterations * 2 * script.local_steps
+    for key in ("agent", "optimizer", "rng", "obs_stats", "return_stats"):
+        if key in expected:
+            assert_same_bits(got[key], expected[key], key)
+
+
 def test_sigusr1_to_a_plain_python_run_exits_75(tmp_path):
     """srun-style launch: the signal reaches the process itself, whose exit code the user sees."""
     iterations = 300
@@ -238,7 +281,7 @@ def test_sigusr1_to_a_plain_python_run_exits_75(tmp_path):
     os.kill(proc.pid, signal.SIGUSR1)
     result = finish(proc, 120)
     assert result.returncode == 75, result.stdout + result.stderr
-    assert re.search(r"preempted by a signal at iteration \d+ .*--resume", result.stderr), result.stderr
+    assert re.search(r"preempted by a signal at global step \d+; .*--resume", result.stderr), result.stderr
     ckpt = load(first_checkpoint(tmp_path))
     assert ckpt["global_step"] == ckpt["iteration"] * PPO.local_steps < iterations * PPO.local_steps
 
@@ -268,7 +311,7 @@ def corrupt(kind: str, source: Path, target: Path, script: Script) -> str:
         case(
             PPO,
             "incomplete",
-            r"lacks agent, global_step, iteration, optimizer, rng, sizes, world_size",
+            r"lacks agent, agent_kwargs, global_step, iteration, optimizer, rng, sizes, world_size",
             name="incomplete",
         ),
         case(PPO, "other-env", r"trained CartPole-v1, not --env-id Acrobot-v1", name="other-env"),
