@@ -1,0 +1,299 @@
+"""Unit tests of the run module, cleanrl_ddp/runtime.py: in-process and fast (no torchrun), except the
+exit-code tests, which need a process of their own. Whole-script runs elsewhere check each behaviour once."""
+
+import ast
+import os
+import random
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from helpers import REPO, read_scalars
+
+from cleanrl_ddp import runtime as rt
+
+SCRIPTS = ["ppo_multigpu", "ppo_atari_multigpu", "ppo_continuous_action_multigpu", "dqn_atari_multigpu"]
+
+
+@dataclass
+class Args(rt.RunArgs):
+    """What a script's Args adds that the module reads: the run name's parts and the budget."""
+
+    env_id: str = "ALE/Pong-v5"
+    exp_name: str = "test"
+    seed: int = 1
+    total_timesteps: int = 1000
+
+
+def single_run(tmp_path, **flags) -> rt.Run:
+    args = Args(runs_dir=str(tmp_path), run_name=None, **flags)
+    return rt.Run("ppo_multigpu", args, 0, 0, 1, 1, torch.device("cpu"), None)
+
+
+@pytest.fixture
+def launch_env(monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_JOB_ID"):
+        monkeypatch.delenv(var, raising=False)
+    for var in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE"):
+        monkeypatch.delenv(var, raising=False)
+    return monkeypatch
+
+
+def test_every_script_goes_through_the_module():
+    """Each script imports the run module and keeps no copy of its plumbing."""
+    plumbing = {"atomic_save", "load_checkpoint", "read_launch_env", "launch_id", "check_elastic_restarts"}
+    plumbing |= {"rng_states", "set_rng_states", "state_checksum", "check_replicas_in_sync", "lost_rank_message"}
+    plumbing |= {"log_video", "steps_crossed", "RunError"}
+    for script in SCRIPTS:
+        tree = ast.parse((REPO / "cleanrl_ddp" / f"{script}.py").read_text())
+        imports = [a.asname for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names]
+        assert "rt" in imports, f"{script} does not import cleanrl_ddp.runtime as rt"
+        defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        assert not defined & plumbing, f"{script} defines run plumbing again: {sorted(defined & plumbing)}"
+        args = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Args")
+        assert [b.attr for b in args.bases] == ["RunArgs"], script
+        names = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+        assert {"make_eval_envs", "load_agent", "evaluate", "derive_sizes", "main"} <= names, script
+
+
+def test_read_launch_env_torchrun_slurm_and_plain(launch_env):
+    assert rt.read_launch_env() == (0, 0, 1, 1)
+    launch_env.setenv("SLURM_NTASKS", "16")
+    launch_env.setenv("SLURM_PROCID", "9")
+    launch_env.setenv("SLURM_LOCALID", "1")
+    launch_env.setenv("SLURM_NTASKS_PER_NODE", "8(x2)")
+    with pytest.raises(rt.RunError, match="under srun, export MASTER_ADDR"):
+        rt.read_launch_env()
+    launch_env.setenv("MASTER_ADDR", "127.0.0.1")
+    launch_env.setenv("MASTER_PORT", "29500")
+    assert rt.read_launch_env() == (9, 1, 16, 8)  # the GLOBAL rank, not the node-local one
+    for var, value in dict(RANK="3", WORLD_SIZE="4", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2").items():
+        launch_env.setenv(var, value)
+    assert rt.read_launch_env() == (3, 1, 4, 2)  # torchrun's variables win
+
+
+def test_launch_id_survives_restarts_and_requeues(launch_env):
+    assert rt.launch_id().isdigit()  # a time stamp: a new run
+    launch_env.setenv("SLURM_JOB_ID", "77")
+    assert rt.launch_id() == "slurm77"
+    launch_env.setenv("TORCHELASTIC_RUN_ID", "job-5")
+    assert rt.launch_id() == "job-5"
+
+
+def test_elastic_restart_guard(launch_env):
+    rt.check_elastic_restarts(None)  # no --max-restarts: nothing to check
+    launch_env.setenv("TORCHELASTIC_MAX_RESTARTS", "1")
+    launch_env.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    with pytest.raises(rt.RunError, match="TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"):
+        rt.check_elastic_restarts("named")
+    launch_env.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")
+    with pytest.raises(rt.RunError, match="--rdzv-id"):
+        rt.check_elastic_restarts(None)
+    rt.check_elastic_restarts("named")
+    launch_env.setenv("TORCHELASTIC_RUN_ID", "job-5")
+    rt.check_elastic_restarts(None)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (dict(checkpoint_every=-1), "--checkpoint-every must be 0"),
+        (dict(eval_episodes=0), "--eval-episodes must be at least 1"),
+        (dict(target_return=1.0), "--target-return needs --eval-every"),
+        (dict(capture_video=True), "--capture-video needs --eval-every"),
+        (dict(dist_timeout=0.0), "--dist-timeout must be positive"),
+    ],
+)
+def test_run_flags_are_checked(flags, message):
+    with pytest.raises(rt.RunError, match=message):
+        rt.check_run_flags(Args(**flags))
+
+
+def test_device_and_backend_are_values(monkeypatch):
+    assert rt.choose_device(False, None, 0, 2, False) == (torch.device("cpu"), "gloo")
+    with pytest.raises(rt.RunError, match="--backend nccl needs CUDA"):
+        rt.choose_device(False, "nccl", 0, 1, False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # one GPU, two ranks on the node
+    with pytest.raises(rt.RunError, match="NCCL cannot put two ranks on one GPU .*--backend gloo"):
+        rt.choose_device(True, None, 1, 2, False)
+    assert rt.choose_device(True, "gloo", 1, 2, False) == (torch.device("cuda", 0), "gloo")  # gloo shares the GPU
+    assert rt.choose_device(True, None, 1, 2, True) == (torch.device("cuda", 0), "nccl")  # --share-gpus (srun)
+    assert rt.choose_device(True, None, 0, 1, False) == (torch.device("cuda", 0), "nccl")
+    run = single_run(Path("."))
+    assert not run.pin
+    run.device = torch.device("cuda", 0)
+    assert run.pin
+
+
+def test_atomic_save_keeps_the_old_file_when_a_write_fails(tmp_path, monkeypatch):
+    path = tmp_path / "checkpoint.pt"
+    rt.atomic_save({"x": torch.arange(3)}, str(path))
+    before = path.read_bytes()
+
+    def full_disk(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(OSError):
+        rt.atomic_save({"x": torch.arange(1000)}, str(path))
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]
+
+
+def test_load_checkpoint_names_what_is_wrong(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    with pytest.raises(rt.RunError, match="no checkpoint at"):
+        rt.load_checkpoint(str(tmp_path), "ppo_multigpu")
+    path.write_bytes(b"PK\x03\x04 torn")
+    with pytest.raises(rt.RunError, match="truncated or corrupt"):
+        rt.load_checkpoint(str(path), "ppo_multigpu")
+    torch.save({"script": "dqn_atari_multigpu"}, path)
+    with pytest.raises(rt.RunError, match="written by 'dqn_atari_multigpu', not ppo_multigpu"):
+        rt.load_checkpoint(str(tmp_path), "ppo_multigpu")
+    torch.save({"script": "ppo_multigpu", "args": {}}, path)
+    with pytest.raises(rt.RunError, match="lacks agent, global_step, iteration, rng, sizes, world_size"):
+        rt.load_checkpoint(str(path), "ppo_multigpu", required=("agent",))
+
+
+def test_rng_states_round_trip():
+    states = rt.rng_states(torch.device("cpu"))
+    first = (random.random(), np.random.rand(), torch.rand(1).item())
+    rt.set_rng_states(states, torch.device("cpu"))
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == first
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64])
+def test_state_checksum_sees_one_ulp_in_every_dtype(dtype):
+    net = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.Adam(net.parameters())
+    net(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    stats = torch.linspace(1, 2, 5).to(dtype)
+    before = rt.state_checksum(net, optimizer, stats)
+    assert torch.equal(before, rt.state_checksum(net, optimizer, stats.clone()))
+    if dtype.is_floating_point:
+        stats[2] = torch.nextafter(stats[2], torch.tensor(10.0, dtype=dtype))
+    else:
+        stats[2] += 1
+    assert not torch.equal(before, rt.state_checksum(net, optimizer, stats))
+    swapped = rt.state_checksum(net, optimizer, stats.flip(0))
+    assert not torch.equal(swapped, rt.state_checksum(net, optimizer, stats))  # positions count, not just values
+    current = rt.state_checksum(net, optimizer, stats)
+    exp_avg = optimizer.state[net.weight]["exp_avg"]  # Adam's state counts too
+    exp_avg[0, 0] = torch.nextafter(exp_avg[0, 0], torch.tensor(1.0))
+    assert not torch.equal(rt.state_checksum(net, optimizer, stats), current)
+
+
+def test_steps_crossed_keeps_a_period_that_is_not_a_multiple_of_the_batch():
+    crossed = [rt.steps_crossed(s - 128, s, 300) for s in range(128, 128 * 75 + 1, 128)]
+    assert sum(crossed) == 128 * 75 // 300 and max(crossed) == 1
+    assert rt.steps_crossed(0, 10**6, 0) == 0  # 0 = off
+
+
+def test_named_metrics_and_preemption_vote_in_one_process(tmp_path):
+    run = single_run(tmp_path)
+    assert rt.all_sum(run, {"losses/a": torch.tensor(1.5), "count": 3}) == {"losses/a": 1.5, "count": 3.0}
+    assert not rt.preempted(run)
+    run.signals.append(15)  # what the SIGTERM handler does
+    assert rt.preempted(run)
+
+
+def test_two_ranks_reduce_by_name_vote_together_and_catch_divergence(tmp_path):
+    """rt.all_sum, rt.preempted and rt.check_replicas_in_sync on 2 gloo ranks (threads of their own processes)."""
+    code = f"""
+import os, sys, torch, torch.distributed as dist
+sys.path.insert(0, {str(REPO)!r})
+from cleanrl_ddp import runtime as rt
+rank = int(sys.argv[1])
+dist.init_process_group("gloo", init_method="file://{tmp_path}/store", rank=rank, world_size=2)
+run = rt.Run("s", None, rank, rank, 2, 2, torch.device("cpu"), "gloo")
+out = rt.all_sum(run, dict(b=rank + 1.0, a=10.0 * rank))
+assert list(out) == ["b", "a"] and out == dict(b=3.0, a=10.0), out
+if rank == 1:
+    run.signals.append(15)
+assert rt.preempted(run)  # one rank's signal stops both
+net = torch.nn.Linear(2, 2)
+torch.nn.init.constant_(net.weight, 1.0)
+torch.nn.init.constant_(net.bias, 1.0)
+rt.check_replicas_in_sync("iteration 1", 2, net)
+with torch.no_grad():
+    net.bias[0] += rank * 1e-6
+try:
+    rt.check_replicas_in_sync("iteration 2", 2, net)
+    print("missed")
+except rt.RunError as e:
+    print(e.code, e)
+dist.destroy_process_group()
+"""
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(r)], stdout=subprocess.PIPE, text=True) for r in (0, 1)]
+    outs = [p.communicate(timeout=60)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    for out in outs:
+        assert out.startswith("3 replicas diverged at iteration 2: rank(s) [1]"), out
+
+
+def test_resume_handshake_then_logs_and_checkpoint(tmp_path, monkeypatch):
+    """A run directory named without '/', TensorBoard scalars with episode means, a checkpoint with every
+    rank's RNG and state, and a resume that takes the checkpoint's flags (another world size: a whole-script test)."""
+    monkeypatch.setattr(sys, "argv", ["script"])  # the resumed flags are parsed from this command line
+    run = single_run(tmp_path, track=False)
+    args, ckpt = rt.resume(run, run.args)
+    assert ckpt is None and not os.path.exists(run.run_dir)  # nothing written before the checks pass
+    assert os.path.dirname(run.run_dir) == str(tmp_path) and os.path.basename(run.run_dir).startswith("ALE-Pong-v5__")
+    rt.open_logs(run, dict(batch_size=10, num_iterations=100), None)
+    rt.log(run, 10, {"losses/x": 0.5}, (6.0, 40, 2))
+    rt.log(run, 20, {"losses/x": 0.25}, (0.0, 0, 0))
+    rt.save_checkpoint(run, 2, 20, rank_state=b"envs", agent={"w": torch.ones(2)})
+    rt.finish(run, 20, preempted=False)
+    scalars = read_scalars(run.run_dir)
+    assert scalars["losses/x"] == [(10, 0.5), (20, 0.25)]
+    assert scalars["charts/episodic_return"] == [(10, 3.0)] and scalars["charts/episodes"] == [(10, 2), (20, 0)]
+
+    monkeypatch.setattr(sys, "argv", ["script", "--total-timesteps", "2000"])
+    again = single_run(tmp_path)
+    args, ckpt = rt.resume(again, Args(resume=run.run_dir, total_timesteps=2000))
+    assert ckpt["rank_state"] == [b"envs"] and ckpt["iteration"] == 2 and len(ckpt["rng"]) == 1
+    assert args.total_timesteps == 2000 and args.env_id == "ALE/Pong-v5" and again.run_dir == run.run_dir
+
+
+def test_finish_after_a_preemption_exits_75(tmp_path):
+    run = single_run(tmp_path)
+    rt.resume(run, run.args)
+    rt.open_logs(run, dict(batch_size=10), None)
+    with pytest.raises(SystemExit) as stopped:
+        rt.finish(run, 30, preempted=True)
+    assert stopped.value.code == rt.EXIT_PREEMPTED
+
+
+def test_lost_rank_message_only_for_failed_collectives():
+    assert rt.lost_rank_message(ValueError("x")) is None
+    assert rt.lost_rank_message(RuntimeError("CUDA out of memory")) is None
+    gloo = RuntimeError("[../third_party/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1234")
+    assert rt.lost_rank_message(gloo) == "Connection closed by peer [127.0.0.1]:1234"
+    assert rt.lost_rank_message(dist.DistError("Timed out waiting 3000ms. This is typically ...")) == (
+        "Timed out waiting 3000ms"
+    )
+
+
+@pytest.mark.parametrize(
+    "body, code, line",
+    [
+        ("pass", 0, None),
+        ("raise rt.RunError('--x must be 1')", 2, "demo: error: --x must be 1"),
+        ("raise SystemExit(rt.EXIT_PREEMPTED)", 75, None),
+        ("raise rt.RunError('diverged', rt.EXIT_DIVERGED)", 3, "demo: error: diverged"),
+        ("raise RuntimeError('[x.cc:1] gloo: Connection reset by peer')", 4, "demo: error: rank 0 lost contact"),
+    ],
+)
+def test_exit_codes_one_line_each(body, code, line):
+    program = f"import sys; sys.path.insert(0, {str(REPO)!r})\nfrom cleanrl_ddp import runtime as rt\n"
+    program += f"with rt.exit_codes('demo'):\n    {body}\n"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "SLURM_PROCID")}
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == code, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines == ([] if line is None else lines[:1]) and (line is None or lines[0].startswith(line)), proc.stderr
