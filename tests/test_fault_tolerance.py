@@ -33,7 +33,7 @@ from helpers import (
     wait_until,
 )
 
-ELASTIC_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # see docs/fault_tolerance.md, elastic restarts
+ELASTIC_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # see docs/runtime.md, elastic restarts
 
 
 @dataclass(frozen=True)
