@@ -258,6 +258,8 @@ def test_resume_handshake_then_logs_and_checkpoint(tmp_path, monkeypatch):
     args, ckpt = rt.resume(again, Args(resume=run.run_dir, total_timesteps=2000))
     assert ckpt["rank_state"] == [b"envs"] and ckpt["iteration"] == 2 and len(ckpt["rng"]) == 1
     assert args.total_timesteps == 2000 and args.env_id == "ALE/Pong-v5" and again.run_dir == run.run_dir
+    with pytest.raises(rt.RunError, match="the checkpoint's batch_size is 10, not 20: keep its sizes"):
+        rt.open_logs(again, dict(batch_size=20, num_iterations=100), ckpt)  # e.g. another --local-num-envs
 
 
 def test_finish_after_a_preemption_exits_75(tmp_path):
