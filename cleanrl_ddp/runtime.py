@@ -37,7 +37,7 @@ EXIT_LOST_RANK = 4
 """exit code: a collective failed: another rank died, stalled past `--dist-timeout`, or the network broke"""
 EXIT_PREEMPTED = 75
 """exit code: stopped by SIGTERM/SIGUSR1 after saving a checkpoint; relaunch to resume (EX_TEMPFAIL)"""
-CHECKPOINT_KEYS = ("script", "args", "sizes", "world_size", "iteration", "global_step", "rng")
+CHECKPOINT_KEYS = ("script", "args", "sizes", "world_size", "iteration", "global_step", "rng", "rank_state")
 
 
 class RunError(ValueError):
@@ -438,7 +438,8 @@ def check_replicas_in_sync(where: str, world_size: int, *objects) -> None:
     bad = [r for r in range(1, world_size) if not torch.equal(gathered[r], gathered[0])]
     if bad:
         raise RunError(
-            f"replicas diverged at {where}: rank(s) {bad} hold parameters or optimizer state that differ from rank 0's",
+            f"replicas diverged at {where}: rank(s) {bad} hold parameters, optimizer or other state that "
+            "differs from rank 0's",
             EXIT_DIVERGED,
         )
 

@@ -307,7 +307,7 @@ def corrupt(kind: str, source: Path, target: Path, script: Script) -> str:
         case(
             PPO,
             "incomplete",
-            r"lacks agent, agent_kwargs, global_step, iteration, optimizer, rng, sizes, world_size",
+            r"lacks agent, agent_kwargs, global_step, iteration, optimizer, rank_state, rng, sizes, world_size",
             name="incomplete",
         ),
         case(PPO, "other-env", r"trained CartPole-v1, not --env-id Acrobot-v1", name="other-env"),

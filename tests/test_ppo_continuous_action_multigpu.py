@@ -4,13 +4,21 @@
 import json
 from pathlib import Path
 
-import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 from helpers import assert_one_line_error, launch, only_run_dir, read_scalars
 
-from cleanrl_ddp.ppo_continuous_action_multigpu import Agent, RunningStats, normalize_obs, state_checksum
+from cleanrl_ddp.ppo_continuous_action_multigpu import (
+    Agent,
+    Args,
+    RunningStats,
+    evaluate,
+    load_agent,
+    make_eval_envs,
+    normalize_obs,
+)
+from cleanrl_ddp.runtime import state_checksum
 
 pytest.importorskip("mujoco", reason='needs the mujoco extra: pip install -e ".[test,mujoco]"')
 
@@ -39,9 +47,9 @@ def test_checksum_sees_the_statistics():
     agent, stats = Agent(3, 1), RunningStats((3,))
     optimizer = torch.optim.Adam(agent.parameters())
     stats.update(torch.randn(10, 3, dtype=torch.float64))
-    before = state_checksum(agent, optimizer, stats.tensors())
+    before = state_checksum(agent, optimizer, *stats.tensors())
     stats.m2[1] = torch.nextafter(stats.m2[1], torch.tensor(np.inf, dtype=torch.float64))  # one bit
-    assert not torch.equal(before, state_checksum(agent, optimizer, stats.tensors()))
+    assert not torch.equal(before, state_checksum(agent, optimizer, *stats.tensors()))
 
 
 def test_global_statistics_equal_one_process_over_all_ranks(tmp_path):
@@ -97,27 +105,13 @@ def test_discrete_env_is_one_clear_line(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
-def evaluate(checkpoint: Path, episodes: int) -> list[float]:
+def evaluate_checkpoint(checkpoint: Path, episodes: int) -> np.ndarray:
     """Returns of the mean action, with the observations normalised by the checkpoint's statistics."""
     ckpt = torch.load(checkpoint, weights_only=False)
-    env = gym.make(ckpt["args"]["env_id"])
-    agent = Agent(env.observation_space.shape[0], env.action_space.shape[0])
-    agent.load_state_dict(ckpt["agent"])
-    obs_stats = RunningStats(env.observation_space.shape)
-    obs_stats.load_state_dict(ckpt["obs_stats"])
-    returns = []
-    for episode in range(episodes):
-        obs, _ = env.reset(seed=10_000 + episode)
-        total, done = 0.0, False
-        while not done:
-            with torch.no_grad():
-                mean_action = agent.actor_mean(normalize_obs(obs[None], obs_stats, ckpt["args"]["clip_obs"]))
-            obs, reward, terminated, truncated, _ = env.step(
-                np.clip(mean_action[0].numpy(), env.action_space.low, env.action_space.high)
-            )
-            total += reward
-            done = terminated or truncated
-        returns.append(total)
+    args, device = Args(**ckpt["args"]), torch.device("cpu")
+    eval_envs = make_eval_envs(args, episodes)
+    returns, _, _ = evaluate(load_agent(ckpt, device), eval_envs, args, True, 10_000, device)
+    eval_envs.close()
     return returns
 
 
@@ -139,4 +133,4 @@ def test_learns_inverted_pendulum_with_two_ranks(tmp_path):
     recent = np.convolve(returns, np.ones(5) / 5, mode="valid")  # mean over 5 iterations' episodes
     assert recent.max() > 500, f"best recent mean return {recent.max():.1f} (max 1000)"
     # the trained policy, evaluated with the run's global statistics, balances too
-    assert np.mean(evaluate(run_dir / "checkpoint.pt", episodes=2)) > 500
+    assert np.mean(evaluate_checkpoint(run_dir / "checkpoint.pt", episodes=2)) > 500

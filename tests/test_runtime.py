@@ -155,7 +155,7 @@ def test_load_checkpoint_names_what_is_wrong(tmp_path):
     with pytest.raises(rt.RunError, match="written by 'dqn_atari_multigpu', not ppo_multigpu"):
         rt.load_checkpoint(str(tmp_path), "ppo_multigpu")
     torch.save({"script": "ppo_multigpu", "args": {}}, path)
-    with pytest.raises(rt.RunError, match="lacks agent, global_step, iteration, rng, sizes, world_size"):
+    with pytest.raises(rt.RunError, match="lacks agent, global_step, iteration, rank_state, rng, sizes, world_size"):
         rt.load_checkpoint(str(path), "ppo_multigpu", required=("agent",))
 
 
