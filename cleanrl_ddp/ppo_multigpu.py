@@ -15,7 +15,6 @@ preemption, logging) lives in cleanrl_ddp/runtime.py.
 """
 
 import os
-import pickle
 import time
 from dataclasses import dataclass
 from typing import Literal, Optional
@@ -170,7 +169,188 @@ class Agent(nn.Module):
         return self.get_action_and_value(x, action)
 
 
-# ALGO LOGIC: pure functions, imported by the tests
+def main() -> None:
+    args = tyro.cli(Args)
+    run = rt.start(args, SCRIPT, use_cuda=args.cuda and torch.cuda.is_available())
+    args, ckpt = rt.resume(run, args, required=("agent", "optimizer", "agent_kwargs"))
+    rank, world_size, device = run.rank, run.world_size, run.device
+    check_env(args.env_id)
+    sizes = derive_sizes(args, world_size)
+    rt.open_logs(run, sizes, ckpt)
+    start_iteration = ckpt["iteration"] + 1 if ckpt else 1
+    global_step = ckpt["global_step"] if ckpt else 0
+
+    # CRUCIAL: every rank starts from the same weights, but steps its own envs with its own seeds and
+    # samples actions from its own stream. Env seeds are global env indices (disjoint across ranks).
+    rt.seed_everything(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    envs = gym.vector.SyncVectorEnv(
+        [make_env(args.env_id) for _ in range(args.local_num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+    )
+    agent_kwargs = dict(
+        obs_dim=int(np.prod(envs.single_observation_space.shape)), n_actions=int(envs.single_action_space.n)
+    )
+    agent = Agent(**agent_kwargs).to(device)
+    if world_size > 1:
+        for tensor in agent.state_dict().values():  # identical start whichever --grad-sync is used
+            dist.broadcast(tensor, src=0)
+    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
+    if ckpt:
+        agent.load_state_dict(ckpt["agent"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        rt.set_rng_states(ckpt["rng"][rank], device)
+    model = DDP(agent) if world_size > 1 and args.grad_sync == "ddp" else agent
+    eval_envs = make_eval_envs(args, args.eval_episodes, rt.video_dir(run)) if run.is_main and args.eval_every else None
+
+    env_seed0 = args.seed + rank * args.local_num_envs
+    next_obs, _ = envs.reset(seed=[env_seed0 + i for i in range(args.local_num_envs)])
+    episode_return, episode_length = np.zeros(args.local_num_envs), np.zeros(args.local_num_envs, dtype=np.int64)
+    next_done = np.zeros(args.local_num_envs)
+    if ckpt:  # each rank's envs continue exactly where they were (gymnasium envs pickle)
+        envs.envs, next_obs, next_done, episode_return, episode_length = ckpt["rank_state"][rank]
+
+    # ALGO Logic: Storage setup
+    obs = torch.zeros((args.num_steps, args.local_num_envs) + envs.single_observation_space.shape, device=device)
+    actions = torch.zeros((args.num_steps, args.local_num_envs), dtype=torch.long, device=device)
+    logprobs = torch.zeros((args.num_steps, args.local_num_envs), device=device)
+    rewards = torch.zeros((args.num_steps, args.local_num_envs), device=device)
+    dones = torch.zeros((args.num_steps, args.local_num_envs), device=device)
+    values = torch.zeros((args.num_steps, args.local_num_envs), device=device)
+    next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
+    next_done = torch.as_tensor(next_done, dtype=torch.float32, device=device)
+    num_iterations, preempted = sizes["num_iterations"], False
+
+    for iteration in range(start_iteration, num_iterations + 1):
+        rollout_start = time.perf_counter()
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / num_iterations
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+        episodes = np.zeros(3)  # finished episodes of this iteration: sum of returns, sum of lengths, count
+        for step in range(args.num_steps):
+            global_step += sizes["num_envs"]  # global: all ranks step at once
+            obs[step] = next_obs
+            dones[step] = next_done
+
+            # ALGO LOGIC: action logic (unwrapped agent: inference must not go through DDP)
+            with torch.no_grad():
+                action, logprob, _, value = agent.get_action_and_value(next_obs)
+                values[step] = value.flatten()
+            actions[step] = action
+            logprobs[step] = logprob
+
+            # TRY NOT TO MODIFY: execute the game and log data.
+            next_obs, reward, terminations, truncations, _ = envs.step(action.cpu().numpy())
+            next_done_np = np.logical_or(terminations, truncations)
+            episode_return += reward
+            episode_length += 1
+            episodes += (episode_return[next_done_np].sum(), episode_length[next_done_np].sum(), next_done_np.sum())
+            episode_return[next_done_np], episode_length[next_done_np] = 0, 0
+            rewards[step] = torch.as_tensor(reward, device=device)
+            next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
+            next_done = torch.as_tensor(next_done_np, dtype=torch.float32, device=device)
+
+        update_start = time.perf_counter()
+        grad_sync_seconds = 0.0
+        # bootstrap value if not done
+        with torch.no_grad():
+            next_value = agent.get_value(next_obs).reshape(1, -1)
+            advantages, returns = compute_gae(
+                rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda
+            )
+
+        # flatten the batch
+        b_obs = obs.reshape((-1,) + envs.single_observation_space.shape)
+        b_logprobs = logprobs.reshape(-1)
+        b_actions = actions.reshape(-1)
+        b_advantages = advantages.reshape(-1)
+        b_returns = returns.reshape(-1)
+        b_values = values.reshape(-1)
+        batch = (b_obs, b_actions, b_logprobs, b_advantages, b_returns, b_values)  # ppo_loss's order
+
+        # Optimizing the policy and value network. Every rank runs the same number of minibatches:
+        # each minibatch's backward issues the same all-reduces everywhere.
+        local_batch_size, local_minibatch_size = sizes["local_batch_size"], sizes["local_minibatch_size"]
+        loss_sums, num_updates = {}, 0
+        for _epoch in range(args.update_epochs):
+            b_inds = torch.randperm(local_batch_size, device=device)
+            for start in range(0, local_batch_size, local_minibatch_size):
+                mb_inds = b_inds[start : start + local_minibatch_size]
+                loss, mb_stats = ppo_loss(model, *(b[mb_inds] for b in batch), args, world_size)
+                optimizer.zero_grad(set_to_none=False)
+                loss.backward()
+                if world_size > 1 and args.grad_sync == "flat":
+                    sync_start = time.perf_counter()
+                    all_reduce_gradients_flat(list(agent.parameters()), world_size)
+                    grad_sync_seconds += time.perf_counter() - sync_start
+                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                optimizer.step()
+                loss_sums = {k: loss_sums.get(k, 0) + v for k, v in mb_stats.items()}
+                num_updates += 1
+
+            if args.target_kl is not None:
+                # CRUCIAL: decide from the KL averaged over ranks, so every rank stops after the same epoch
+                kl = mb_stats["approx_kl"].clone()
+                if world_size > 1:
+                    dist.all_reduce(kl)
+                if kl.item() / world_size > args.target_kl:
+                    break
+        update_seconds = time.perf_counter() - update_start
+
+        # Metrics of ALL ranks, by name in one all-reduce: losses averaged over ranks, episodes summed,
+        # explained variance from the global batch's sums.
+        y, d = b_returns, b_returns - b_values
+        m = rt.all_sum(
+            run,
+            {f"losses/{k}": v / num_updates / world_size for k, v in loss_sums.items()}
+            | dict(y=y.sum(), y2=(y * y).sum(), d=d.sum(), d2=(d * d).sum())
+            | dict(ep_return=episodes[0], ep_length=episodes[1], ep_count=episodes[2]),
+        )
+        n = sizes["batch_size"]
+        var_y = m.pop("y2") / n - (m.pop("y") / n) ** 2
+        var_diff = m.pop("d2") / n - (m.pop("d") / n) ** 2
+        perf = {"perf/rollout_seconds": update_start - rollout_start, "perf/update_seconds": update_seconds}
+        if world_size > 1 and args.grad_sync == "flat":
+            perf["perf/grad_sync_seconds"] = grad_sync_seconds
+        scalars = {
+            "charts/learning_rate": optimizer.param_groups[0]["lr"],
+            "losses/explained_variance": np.nan if var_y == 0 else 1 - var_diff / var_y,
+            "charts/updates_per_iteration": num_updates,
+            **{k: v for k, v in m.items() if k.startswith("losses/")},
+            **perf,  # rank 0's own wall time of this iteration's parts (waits for other ranks included)
+        }
+        rt.log(run, global_step, scalars, (m["ep_return"], m["ep_length"], m["ep_count"]))
+        if args.sync_check_every and iteration % args.sync_check_every == 0:
+            rt.check_replicas_in_sync(f"iteration {iteration}", world_size, agent, optimizer)
+
+        # Evaluation on rank 0; the stop decision is broadcast, so all ranks stop together.
+        reached = False
+        if rt.steps_crossed(global_step - sizes["batch_size"], global_step, args.eval_every):
+            with rt.off_the_clock(run):
+                video = f"eval-step{global_step}" if args.capture_video else None
+                seed = args.seed + 10**9 + global_step  # seeds no training env uses
+                result = (
+                    evaluate(agent, eval_envs, args, args.eval_greedy, seed, device, video) if run.is_main else None
+                )
+                reached = rt.log_evaluation(run, result, global_step)
+
+        preempted = rt.preempted(run)  # a SIGTERM/SIGUSR1 on any rank stops every rank here
+        last = iteration == num_iterations or preempted or reached
+        if last or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
+            rank_state = (envs.envs, next_obs.cpu(), next_done.cpu(), episode_return, episode_length)  # this rank's
+            state = dict(agent=agent.state_dict(), agent_kwargs=agent_kwargs, optimizer=optimizer.state_dict())
+            rt.save_checkpoint(run, iteration, global_step, rank_state, **state)
+        if preempted or reached:
+            break
+
+    envs.close()
+    if eval_envs is not None:
+        eval_envs.close()
+    rt.finish(run, global_step, preempted)
+
+
+# ALGO LOGIC: GAE, the loss and the gradient all-reduce (pure functions, imported by the tests)
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
     """Generalised advantage estimation over a [num_steps, num_envs] rollout; returns (advantages, returns).
 
@@ -260,210 +440,6 @@ def all_reduce_gradients_flat(params, world_size: int) -> None:
     for g in grads:
         g.copy_(flat[offset : offset + g.numel()].view_as(g))
         offset += g.numel()
-
-
-def main() -> None:
-    args = tyro.cli(Args)
-    run = rt.start(args, SCRIPT, use_cuda=args.cuda and torch.cuda.is_available())
-    args, ckpt = rt.resume(run, args, required=("agent", "optimizer", "agent_kwargs"))
-    rank, world_size, device = run.rank, run.world_size, run.device
-    check_env(args.env_id)
-    sizes = derive_sizes(args, world_size)
-    rt.open_logs(run, sizes, ckpt)
-    start_iteration = ckpt["iteration"] + 1 if ckpt else 1
-    global_step = ckpt["global_step"] if ckpt else 0
-
-    # CRUCIAL: every rank starts from the same weights, but steps its own envs with its own seeds and
-    # samples actions from its own stream. Env seeds are global env indices (disjoint across ranks).
-    rt.seed_everything(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    envs = gym.vector.SyncVectorEnv(
-        [make_env(args.env_id) for _ in range(args.local_num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
-    )
-    agent_kwargs = dict(
-        obs_dim=int(np.prod(envs.single_observation_space.shape)), n_actions=int(envs.single_action_space.n)
-    )
-    agent = Agent(**agent_kwargs).to(device)
-    if world_size > 1:
-        for tensor in agent.state_dict().values():  # identical start whichever --grad-sync is used
-            dist.broadcast(tensor, src=0)
-    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
-    rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
-    if ckpt:
-        agent.load_state_dict(ckpt["agent"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        rt.set_rng_states(ckpt["rng"][rank], device)
-    model = DDP(agent) if world_size > 1 and args.grad_sync == "ddp" else agent
-    eval_envs = make_eval_envs(args, args.eval_episodes, rt.video_dir(run)) if run.is_main and args.eval_every else None
-
-    env_seed0 = args.seed + rank * args.local_num_envs
-    next_obs, _ = envs.reset(seed=[env_seed0 + i for i in range(args.local_num_envs)])
-    episode_return, episode_length = np.zeros(args.local_num_envs), np.zeros(args.local_num_envs, dtype=np.int64)
-    next_done = np.zeros(args.local_num_envs)
-    if ckpt:  # each rank's envs continue exactly where they were (gymnasium envs pickle)
-        envs.envs, next_obs, next_done, episode_return, episode_length = pickle.loads(ckpt["rank_state"][rank])
-
-    # ALGO Logic: Storage setup
-    obs = torch.zeros((args.num_steps, args.local_num_envs) + envs.single_observation_space.shape, device=device)
-    actions = torch.zeros((args.num_steps, args.local_num_envs), dtype=torch.long, device=device)
-    logprobs = torch.zeros((args.num_steps, args.local_num_envs), device=device)
-    rewards = torch.zeros((args.num_steps, args.local_num_envs), device=device)
-    dones = torch.zeros((args.num_steps, args.local_num_envs), device=device)
-    values = torch.zeros((args.num_steps, args.local_num_envs), device=device)
-    next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
-    next_done = torch.as_tensor(next_done, dtype=torch.float32, device=device)
-    num_iterations = sizes["num_iterations"]
-
-    for iteration in range(start_iteration, num_iterations + 1):
-        rollout_start = time.perf_counter()
-        if args.anneal_lr:
-            frac = 1.0 - (iteration - 1.0) / num_iterations
-            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
-
-        episodes = np.zeros(3)  # finished episodes of this iteration: sum of returns, sum of lengths, count
-        for step in range(args.num_steps):
-            global_step += sizes["num_envs"]  # global: all ranks step at once
-            obs[step] = next_obs
-            dones[step] = next_done
-
-            # ALGO LOGIC: action logic (unwrapped agent: inference must not go through DDP)
-            with torch.no_grad():
-                action, logprob, _, value = agent.get_action_and_value(next_obs)
-                values[step] = value.flatten()
-            actions[step] = action
-            logprobs[step] = logprob
-
-            # TRY NOT TO MODIFY: execute the game and log data.
-            next_obs, reward, terminations, truncations, _ = envs.step(action.cpu().numpy())
-            next_done_np = np.logical_or(terminations, truncations)
-            episode_return += reward
-            episode_length += 1
-            episodes += (episode_return[next_done_np].sum(), episode_length[next_done_np].sum(), next_done_np.sum())
-            episode_return[next_done_np], episode_length[next_done_np] = 0, 0
-            rewards[step] = torch.as_tensor(reward, device=device)
-            next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
-            next_done = torch.as_tensor(next_done_np, dtype=torch.float32, device=device)
-
-        update_start = time.perf_counter()
-        grad_sync_seconds = 0.0
-        # bootstrap value if not done
-        with torch.no_grad():
-            next_value = agent.get_value(next_obs).reshape(1, -1)
-            advantages, returns = compute_gae(
-                rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda
-            )
-
-        # flatten the batch
-        b_obs = obs.reshape((-1,) + envs.single_observation_space.shape)
-        b_logprobs = logprobs.reshape(-1)
-        b_actions = actions.reshape(-1)
-        b_advantages = advantages.reshape(-1)
-        b_returns = returns.reshape(-1)
-        b_values = values.reshape(-1)
-
-        # Optimizing the policy and value network. Every rank runs the same number of minibatches:
-        # each minibatch's backward issues the same all-reduces everywhere.
-        local_batch_size, local_minibatch_size = sizes["local_batch_size"], sizes["local_minibatch_size"]
-        loss_sums, num_updates = {}, 0
-        for _epoch in range(args.update_epochs):
-            b_inds = torch.randperm(local_batch_size, device=device)
-            for start in range(0, local_batch_size, local_minibatch_size):
-                mb_inds = b_inds[start : start + local_minibatch_size]
-                loss, mb_stats = ppo_loss(
-                    model,
-                    b_obs[mb_inds],
-                    b_actions[mb_inds],
-                    b_logprobs[mb_inds],
-                    b_advantages[mb_inds],
-                    b_returns[mb_inds],
-                    b_values[mb_inds],
-                    args,
-                    world_size,
-                )
-                optimizer.zero_grad(set_to_none=False)
-                loss.backward()
-                if world_size > 1 and args.grad_sync == "flat":
-                    sync_start = time.perf_counter()
-                    all_reduce_gradients_flat(list(agent.parameters()), world_size)
-                    grad_sync_seconds += time.perf_counter() - sync_start
-                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                optimizer.step()
-                loss_sums = {k: loss_sums.get(k, 0) + v for k, v in mb_stats.items()}
-                num_updates += 1
-
-            if args.target_kl is not None:
-                # CRUCIAL: decide from the KL averaged over ranks, so every rank stops after the same epoch
-                kl = mb_stats["approx_kl"].clone()
-                if world_size > 1:
-                    dist.all_reduce(kl)
-                if kl.item() / world_size > args.target_kl:
-                    break
-        update_seconds = time.perf_counter() - update_start
-
-        # Metrics of ALL ranks, by name in one all-reduce: losses averaged over ranks, episodes summed,
-        # explained variance from the global batch's sums.
-        y_pred, y_true = b_values, b_returns
-        m = rt.all_sum(
-            run,
-            {
-                **{f"losses/{k}": v / num_updates / world_size for k, v in loss_sums.items()},
-                **dict(
-                    y=y_true.sum(), y2=(y_true**2).sum(), d=(y_true - y_pred).sum(), d2=((y_true - y_pred) ** 2).sum()
-                ),
-                **dict(ep_return=episodes[0], ep_length=episodes[1], ep_count=episodes[2]),
-            },
-        )
-        n = sizes["batch_size"]
-        var_y = m.pop("y2") / n - (m.pop("y") / n) ** 2
-        var_diff = m.pop("d2") / n - (m.pop("d") / n) ** 2
-        perf = {"perf/rollout_seconds": update_start - rollout_start, "perf/update_seconds": update_seconds}
-        if world_size > 1 and args.grad_sync == "flat":
-            perf["perf/grad_sync_seconds"] = grad_sync_seconds
-        scalars = {
-            "charts/learning_rate": optimizer.param_groups[0]["lr"],
-            "losses/explained_variance": np.nan if var_y == 0 else 1 - var_diff / var_y,
-            "charts/updates_per_iteration": num_updates,
-            **{k: v for k, v in m.items() if k.startswith("losses/")},
-            **perf,  # rank 0's own wall time of this iteration's parts (waits for other ranks included)
-        }
-        rt.log(run, global_step, scalars, (m["ep_return"], m["ep_length"], m["ep_count"]))
-        if args.sync_check_every and iteration % args.sync_check_every == 0:
-            rt.check_replicas_in_sync(f"iteration {iteration}", world_size, agent, optimizer)
-
-        # Evaluation on rank 0; the stop decision is broadcast, so all ranks stop together.
-        reached = False
-        if rt.steps_crossed(global_step - sizes["batch_size"], global_step, args.eval_every):
-            with rt.off_the_clock(run):
-                video_name = f"eval-step{global_step}" if args.capture_video else None
-                eval_seed = args.seed + 10**9 + global_step  # seeds no training env uses
-                result = (
-                    evaluate(agent, eval_envs, args, args.eval_greedy, eval_seed, device, video_name)
-                    if run.is_main
-                    else None
-                )
-                reached = rt.log_evaluation(run, result, global_step)
-
-        preempted = rt.preempted(run)  # a SIGTERM/SIGUSR1 on any rank stops every rank here
-        last = iteration == num_iterations or preempted or reached
-        if last or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
-            rt.save_checkpoint(
-                run,
-                iteration,
-                global_step,
-                rank_state=pickle.dumps(
-                    (envs.envs, next_obs.cpu().numpy(), next_done.cpu().numpy(), episode_return, episode_length)
-                ),
-                agent=agent.state_dict(),
-                agent_kwargs=agent_kwargs,
-                optimizer=optimizer.state_dict(),
-            )
-        if preempted or reached:
-            break
-
-    envs.close()
-    if eval_envs is not None:
-        eval_envs.close()
-    rt.finish(run, global_step, preempted)
 
 
 # Evaluation on rank 0, in envs of its own: the interface every script offers (cleanrl_ddp/evaluate.py uses it)

@@ -397,7 +397,7 @@ def preempted(run: Run) -> bool:
 
 def all_sum(run: Run, metrics: dict) -> dict:
     """Sum named metrics over all ranks in one all-reduce (float64): a dict in, a dict of floats out."""
-    values = torch.tensor([float(v) for v in metrics.values()], dtype=torch.float64, device=run.device)
+    values = torch.stack([torch.as_tensor(v, dtype=torch.float64, device=run.device) for v in metrics.values()])
     if run.world_size > 1:
         dist.all_reduce(values)
     return dict(zip(metrics, values.tolist(), strict=True))

@@ -1,5 +1,5 @@
 """ppo_atari_multigpu.py: the env wrapper facts (frames, reward clipping, life loss vs game over),
-env ids, and real torchrun runs at world sizes 1 and 2 that log whole-game returns."""
+env ids, the frames' way to the device, and real torchrun runs at world sizes 1 and 2 that log whole-game returns."""
 
 import numpy as np
 import pytest
@@ -13,7 +13,9 @@ from cleanrl_ddp.ppo_atari_multigpu import (
     clip_reward,
     game_over,
     make_env,
+    staging_buffer,
     sticky_action_probability,
+    to_device,
 )
 
 SCRIPT = "ppo_atari_multigpu.py"
@@ -26,6 +28,23 @@ def test_frames_are_stacked_84x84_uint8():
     assert envs.single_action_space.n == 4
     assert list(info["lives"]) == [5, 5]
     envs.close()
+
+
+def test_frames_reach_the_device_through_a_staging_buffer_of_their_shape():
+    # The rollout's one code path (CPU and CUDA): the env's NCHW frames [envs, 4, 84, 84] uint8 go into a
+    # host buffer of their own shape (page-locked on CUDA), then to the device. On CPU the result is the
+    # buffer itself, so each call must give that call's frames.
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    pin = device.type == "cuda"
+    envs = make_env("breakout", 3)
+    reset_frames, _ = envs.reset(seed=np.arange(3))
+    staging = staging_buffer(envs, pin)
+    envs.close()
+    rng = np.random.default_rng(0)
+    for frames in [reset_frames, *(rng.integers(0, 256, (3, 4, 84, 84), dtype=np.uint8) for _ in range(2))]:
+        on_device = to_device(frames, staging, device, non_blocking=pin)
+        assert on_device.device.type == device.type and on_device.dtype == torch.uint8
+        assert torch.equal(on_device.cpu(), torch.from_numpy(frames))
 
 
 def test_rewards_are_clipped_for_learning_only():
