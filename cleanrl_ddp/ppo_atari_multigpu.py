@@ -172,34 +172,6 @@ def make_env(env_id: str, num_envs: int, num_threads: int = 1, repeat_action_pro
     )
 
 
-def clip_reward(reward: np.ndarray) -> np.ndarray:
-    """DeepMind reward clipping: the sign of the game reward (-1, 0, 1)."""
-    return np.sign(reward).astype(np.float32)
-
-
-def game_over(terminations, truncations, lives, prev_lives):
-    """Which envs finished a whole game this step (not just lost a life).
-
-    With life_loss_info every life loss sets `terminated`, but only a game over resets the game, and
-    with same-step autoreset `info["lives"]` then already shows the new game's (full) lives.
-    """
-    return truncations | (terminations & (lives >= prev_lives))
-
-
-def staging_buffer(envs, pin: bool) -> torch.Tensor:
-    """A host buffer shaped like the env's frames, [envs, 4, 84, 84] uint8 (NCHW, not the rollout buffer's
-    NHWC rows), page-locked with `pin` so that `to_device` copies asynchronously."""
-    return torch.empty((envs.num_envs, *envs.single_observation_space.shape), dtype=torch.uint8, pin_memory=pin)
-
-
-def to_device(frames: np.ndarray, staging: torch.Tensor, device, non_blocking: bool) -> torch.Tensor:
-    """The env's frames on `device`, through `staging`. On CPU the result IS `staging` (no second copy):
-    it holds these frames until the next call. On CUDA the copy may still run when this returns; the
-    rollout's `action.cpu()` waits for it before the next call overwrites `staging`."""
-    staging.numpy()[:] = frames
-    return staging.to(device, non_blocking=non_blocking)
-
-
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
@@ -243,98 +215,6 @@ class Agent(nn.Module):
         # The loss goes through `forward` so that a DDP wrapper sees it and averages the gradients;
         # rollout inference calls `get_action_and_value` on the unwrapped agent (no DDP hooks).
         return self.get_action_and_value(x, action)
-
-
-# ALGO LOGIC: pure functions, imported by the tests
-def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
-    """Generalised advantage estimation over a [num_steps, num_envs] rollout; returns (advantages, returns).
-
-    `dones[t]` is 1 when `obs[t]` starts a new episode (CleanRL's convention), `next_done` likewise
-    for the observation after the rollout.
-    """
-    num_steps = rewards.shape[0]
-    advantages = torch.zeros_like(rewards)
-    lastgaelam = 0
-    for t in reversed(range(num_steps)):
-        if t == num_steps - 1:
-            nextnonterminal = 1.0 - next_done
-            nextvalues = next_value
-        else:
-            nextnonterminal = 1.0 - dones[t + 1]
-            nextvalues = values[t + 1]
-        delta = rewards[t] + gamma * nextvalues * nextnonterminal - values[t]
-        advantages[t] = lastgaelam = delta + gamma * gae_lambda * nextnonterminal * lastgaelam
-    return advantages, advantages + values
-
-
-def normalize_advantages(adv: torch.Tensor, world_size: int) -> torch.Tensor:
-    """Normalise with the mean and (unbiased) std of the *global* minibatch, all ranks together.
-
-    One all-reduce of (sum, sum of squares, count) in float64, so that a 2-rank update equals the
-    single-process update on the union of the two local minibatches.
-    """
-    a = adv.double()
-    stats = torch.stack([a.sum(), (a * a).sum(), torch.tensor(float(a.numel()), dtype=a.dtype, device=a.device)])
-    if world_size > 1:
-        dist.all_reduce(stats)
-    total, total_sq, n = stats.unbind()
-    mean = total / n
-    var = (total_sq - n * mean * mean) / (n - 1)
-    return ((adv - mean.float()) / (var.clamp_min(0).sqrt().float() + 1e-8)).to(adv.dtype)
-
-
-def ppo_loss(model, mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values, args: Args, world_size):
-    """The clipped PPO loss of one local minibatch, and its named stats (detached).
-
-    `model` is the DDP-wrapped agent (or the plain agent with world size 1 or `--grad-sync flat`).
-    """
-    _, newlogprob, entropy, newvalue = model(mb_obs, mb_actions)
-    logratio = newlogprob - mb_logprobs
-    ratio = logratio.exp()
-    with torch.no_grad():
-        # calculate approx_kl http://joschu.net/blog/kl-approx.html
-        old_approx_kl = (-logratio).mean()
-        approx_kl = ((ratio - 1) - logratio).mean()
-        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
-
-    if args.norm_adv:
-        mb_advantages = normalize_advantages(mb_advantages, world_size)
-
-    # Policy loss
-    pg_loss1 = -mb_advantages * ratio
-    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-
-    # Value loss
-    newvalue = newvalue.view(-1)
-    if args.clip_vloss:
-        v_loss_unclipped = (newvalue - mb_returns) ** 2
-        v_clipped = mb_values + torch.clamp(newvalue - mb_values, -args.clip_coef, args.clip_coef)
-        v_loss_clipped = (v_clipped - mb_returns) ** 2
-        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
-    else:
-        v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
-
-    entropy_loss = entropy.mean()
-    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-    stats = dict(policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
-    stats.update(old_approx_kl=old_approx_kl, approx_kl=approx_kl, clipfrac=clipfrac)
-    return loss, {k: v.detach() for k, v in stats.items()}
-
-
-def all_reduce_gradients_flat(params, world_size: int) -> None:
-    """Average gradients across ranks with one all-reduce of one flat buffer (instead of DDP).
-
-    After cswinter's batched scheme (entity-neural-network/incubator#220), used by CleanRL.
-    """
-    grads = [p.grad for p in params]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)
-    flat /= world_size
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset : offset + g.numel()].view_as(g))
-        offset += g.numel()
 
 
 def main() -> None:
@@ -448,6 +328,7 @@ def main() -> None:
         b_advantages = advantages.reshape(-1)
         b_returns = returns.reshape(-1)
         b_values = values.reshape(-1)
+        batch = (b_obs, b_actions, b_logprobs, b_advantages, b_returns, b_values)  # ppo_loss's order
 
         # Optimizing the policy and value network. Every rank runs the same number of minibatches:
         # each minibatch's backward issues the same all-reduces everywhere.
@@ -458,17 +339,7 @@ def main() -> None:
             for start in range(0, local_batch_size, local_minibatch_size):
                 mb_inds = b_inds[start : start + local_minibatch_size]
                 with autocast:
-                    loss, mb_stats = ppo_loss(
-                        model,
-                        b_obs[mb_inds],
-                        b_actions[mb_inds],
-                        b_logprobs[mb_inds],
-                        b_advantages[mb_inds],
-                        b_returns[mb_inds],
-                        b_values[mb_inds],
-                        args,
-                        world_size,
-                    )
+                    loss, mb_stats = ppo_loss(model, *(b[mb_inds] for b in batch), args, world_size)
                 optimizer.zero_grad(set_to_none=False)
                 loss.backward()
                 if world_size > 1 and args.grad_sync == "flat":
@@ -491,16 +362,12 @@ def main() -> None:
 
         # Metrics of ALL ranks, by name in one all-reduce: losses averaged over ranks, whole games summed,
         # explained variance from the global batch's sums.
-        y_pred, y_true = b_values, b_returns
+        y, d = b_returns, b_returns - b_values
         m = rt.all_sum(
             run,
-            {
-                **{f"losses/{k}": v / num_updates / world_size for k, v in loss_sums.items()},
-                **dict(
-                    y=y_true.sum(), y2=(y_true**2).sum(), d=(y_true - y_pred).sum(), d2=((y_true - y_pred) ** 2).sum()
-                ),
-                **dict(ep_return=episodes[0], ep_length=episodes[1], ep_count=episodes[2]),
-            },
+            {f"losses/{k}": v / num_updates / world_size for k, v in loss_sums.items()}
+            | dict(y=y.sum(), y2=(y * y).sum(), d=d.sum(), d2=(d * d).sum())
+            | dict(ep_return=episodes[0], ep_length=episodes[1], ep_count=episodes[2]),
         )
         var_y = m.pop("y2") / sizes["batch_size"] - (m.pop("y") / sizes["batch_size"]) ** 2
         var_diff = m.pop("d2") / sizes["batch_size"] - (m.pop("d") / sizes["batch_size"]) ** 2
@@ -522,12 +389,10 @@ def main() -> None:
         reached = False
         if rt.steps_crossed(global_step - sizes["batch_size"], global_step, args.eval_every):
             with rt.off_the_clock(run):
-                video_name = f"eval-step{global_step}" if args.capture_video else None
-                eval_seed = args.seed + 10**9 + global_step  # seeds no training env uses
+                video = f"eval-step{global_step}" if args.capture_video else None
+                seed = args.seed + 10**9 + global_step  # seeds no training env uses
                 result = (
-                    evaluate(agent, eval_envs, args, args.eval_greedy, eval_seed, device, video_name)
-                    if run.is_main
-                    else None
+                    evaluate(agent, eval_envs, args, args.eval_greedy, seed, device, video) if run.is_main else None
                 )
                 reached = rt.log_evaluation(run, result, global_step)
 
@@ -535,14 +400,8 @@ def main() -> None:
         last = iteration == num_iterations or preempted or reached
         if last or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
             # no rank_state: ALE's C++ vector env cannot be pickled (a resumed run reseeds its envs, above)
-            rt.save_checkpoint(
-                run,
-                iteration,
-                global_step,
-                agent=agent.state_dict(),
-                agent_kwargs=agent_kwargs,
-                optimizer=optimizer.state_dict(),
-            )
+            state = dict(agent=agent.state_dict(), agent_kwargs=agent_kwargs, optimizer=optimizer.state_dict())
+            rt.save_checkpoint(run, iteration, global_step, None, **state)
         if preempted or reached:
             break
 
@@ -550,6 +409,127 @@ def main() -> None:
     if eval_envs is not None:
         eval_envs.close()
     rt.finish(run, global_step, preempted)
+
+
+# ALGO LOGIC: pure functions, imported by the tests
+def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
+    """Generalised advantage estimation over a [num_steps, num_envs] rollout; returns (advantages, returns).
+
+    `dones[t]` is 1 when `obs[t]` starts a new episode (CleanRL's convention), `next_done` likewise
+    for the observation after the rollout.
+    """
+    num_steps = rewards.shape[0]
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = 0
+    for t in reversed(range(num_steps)):
+        if t == num_steps - 1:
+            nextnonterminal = 1.0 - next_done
+            nextvalues = next_value
+        else:
+            nextnonterminal = 1.0 - dones[t + 1]
+            nextvalues = values[t + 1]
+        delta = rewards[t] + gamma * nextvalues * nextnonterminal - values[t]
+        advantages[t] = lastgaelam = delta + gamma * gae_lambda * nextnonterminal * lastgaelam
+    return advantages, advantages + values
+
+
+def normalize_advantages(adv: torch.Tensor, world_size: int) -> torch.Tensor:
+    """Normalise with the mean and (unbiased) std of the *global* minibatch, all ranks together.
+
+    One all-reduce of (sum, sum of squares, count) in float64, so that a 2-rank update equals the
+    single-process update on the union of the two local minibatches.
+    """
+    a = adv.double()
+    stats = torch.stack([a.sum(), (a * a).sum(), torch.tensor(float(a.numel()), dtype=a.dtype, device=a.device)])
+    if world_size > 1:
+        dist.all_reduce(stats)
+    total, total_sq, n = stats.unbind()
+    mean = total / n
+    var = (total_sq - n * mean * mean) / (n - 1)
+    return ((adv - mean.float()) / (var.clamp_min(0).sqrt().float() + 1e-8)).to(adv.dtype)
+
+
+def ppo_loss(model, mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values, args: Args, world_size):
+    """The clipped PPO loss of one local minibatch, and its named stats (detached).
+
+    `model` is the DDP-wrapped agent (or the plain agent with world size 1 or `--grad-sync flat`).
+    """
+    _, newlogprob, entropy, newvalue = model(mb_obs, mb_actions)
+    logratio = newlogprob - mb_logprobs
+    ratio = logratio.exp()
+    with torch.no_grad():
+        # calculate approx_kl http://joschu.net/blog/kl-approx.html
+        old_approx_kl = (-logratio).mean()
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+
+    if args.norm_adv:
+        mb_advantages = normalize_advantages(mb_advantages, world_size)
+
+    # Policy loss
+    pg_loss1 = -mb_advantages * ratio
+    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+    # Value loss
+    newvalue = newvalue.view(-1)
+    if args.clip_vloss:
+        v_loss_unclipped = (newvalue - mb_returns) ** 2
+        v_clipped = mb_values + torch.clamp(newvalue - mb_values, -args.clip_coef, args.clip_coef)
+        v_loss_clipped = (v_clipped - mb_returns) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
+
+    entropy_loss = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+    stats = dict(policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
+    stats.update(old_approx_kl=old_approx_kl, approx_kl=approx_kl, clipfrac=clipfrac)
+    return loss, {k: v.detach() for k, v in stats.items()}
+
+
+def all_reduce_gradients_flat(params, world_size: int) -> None:
+    """Average gradients across ranks with one all-reduce of one flat buffer (instead of DDP).
+
+    After cswinter's batched scheme (entity-neural-network/incubator#220), used by CleanRL.
+    """
+    grads = [p.grad for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= world_size
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def clip_reward(reward: np.ndarray) -> np.ndarray:
+    """DeepMind reward clipping: the sign of the game reward (-1, 0, 1)."""
+    return np.sign(reward).astype(np.float32)
+
+
+def game_over(terminations, truncations, lives, prev_lives):
+    """Which envs finished a whole game this step (not just lost a life).
+
+    With life_loss_info every life loss sets `terminated`, but only a game over resets the game, and
+    with same-step autoreset `info["lives"]` then already shows the new game's (full) lives.
+    """
+    return truncations | (terminations & (lives >= prev_lives))
+
+
+# Frames to the device: through a pinned staging buffer on CUDA, the same lines on CPU
+def staging_buffer(envs, pin: bool) -> torch.Tensor:
+    """A host buffer shaped like the env's frames, [envs, 4, 84, 84] uint8 (NCHW, not the rollout buffer's
+    NHWC rows), page-locked with `pin` so that `to_device` copies asynchronously."""
+    return torch.empty((envs.num_envs, *envs.single_observation_space.shape), dtype=torch.uint8, pin_memory=pin)
+
+
+def to_device(frames: np.ndarray, staging: torch.Tensor, device, non_blocking: bool) -> torch.Tensor:
+    """The env's frames on `device`, through `staging`. On CPU the result IS `staging` (no second copy):
+    it holds these frames until the next call. On CUDA the copy may still run when this returns; the
+    rollout's `action.cpu()` waits for it before the next call overwrites `staging`."""
+    staging.numpy()[:] = frames
+    return staging.to(device, non_blocking=non_blocking)
 
 
 # Evaluation on rank 0, in envs of its own: the interface every script offers (cleanrl_ddp/evaluate.py uses it)

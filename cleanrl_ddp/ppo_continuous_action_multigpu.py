@@ -189,172 +189,6 @@ class Agent(nn.Module):
         return self.get_action_and_value(x, action)
 
 
-# ALGO LOGIC: pure functions, imported by the tests
-def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
-    """Generalised advantage estimation over a [num_steps, num_envs] rollout; returns (advantages, returns).
-
-    `dones[t]` is 1 when `obs[t]` starts a new episode (CleanRL's convention), `next_done` likewise
-    for the observation after the rollout.
-    """
-    num_steps = rewards.shape[0]
-    advantages = torch.zeros_like(rewards)
-    lastgaelam = 0
-    for t in reversed(range(num_steps)):
-        if t == num_steps - 1:
-            nextnonterminal = 1.0 - next_done
-            nextvalues = next_value
-        else:
-            nextnonterminal = 1.0 - dones[t + 1]
-            nextvalues = values[t + 1]
-        delta = rewards[t] + gamma * nextvalues * nextnonterminal - values[t]
-        advantages[t] = lastgaelam = delta + gamma * gae_lambda * nextnonterminal * lastgaelam
-    return advantages, advantages + values
-
-
-def normalize_advantages(adv: torch.Tensor, world_size: int) -> torch.Tensor:
-    """Normalise with the mean and (unbiased) std of the *global* minibatch, all ranks together.
-
-    One all-reduce of (sum, sum of squares, count) in float64, so that a 2-rank update equals the
-    single-process update on the union of the two local minibatches.
-    """
-    a = adv.double()
-    stats = torch.stack([a.sum(), (a * a).sum(), torch.tensor(float(a.numel()), dtype=a.dtype, device=a.device)])
-    if world_size > 1:
-        dist.all_reduce(stats)
-    total, total_sq, n = stats.unbind()
-    mean = total / n
-    var = (total_sq - n * mean * mean) / (n - 1)
-    return ((adv - mean.float()) / (var.clamp_min(0).sqrt().float() + 1e-8)).to(adv.dtype)
-
-
-def ppo_loss(model, mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values, args: Args, world_size):
-    """The clipped PPO loss of one local minibatch, and its named stats (detached).
-
-    `model` is the DDP-wrapped agent (or the plain agent with world size 1 or `--grad-sync flat`).
-    """
-    _, newlogprob, entropy, newvalue = model(mb_obs, mb_actions)
-    logratio = newlogprob - mb_logprobs
-    ratio = logratio.exp()
-    with torch.no_grad():
-        # calculate approx_kl http://joschu.net/blog/kl-approx.html
-        old_approx_kl = (-logratio).mean()
-        approx_kl = ((ratio - 1) - logratio).mean()
-        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
-
-    if args.norm_adv:
-        mb_advantages = normalize_advantages(mb_advantages, world_size)
-
-    # Policy loss
-    pg_loss1 = -mb_advantages * ratio
-    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
-    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
-
-    # Value loss
-    newvalue = newvalue.view(-1)
-    if args.clip_vloss:
-        v_loss_unclipped = (newvalue - mb_returns) ** 2
-        v_clipped = mb_values + torch.clamp(newvalue - mb_values, -args.clip_coef, args.clip_coef)
-        v_loss_clipped = (v_clipped - mb_returns) ** 2
-        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
-    else:
-        v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
-
-    entropy_loss = entropy.mean()
-    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
-    stats = dict(policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
-    stats.update(old_approx_kl=old_approx_kl, approx_kl=approx_kl, clipfrac=clipfrac)
-    return loss, {k: v.detach() for k, v in stats.items()}
-
-
-def all_reduce_gradients_flat(params, world_size: int) -> None:
-    """Average gradients across ranks with one all-reduce of one flat buffer (instead of DDP).
-
-    After cswinter's batched scheme (entity-neural-network/incubator#220), used by CleanRL.
-    """
-    grads = [p.grad for p in params]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)
-    flat /= world_size
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset : offset + g.numel()].view_as(g))
-        offset += g.numel()
-
-
-class RunningStats:
-    """Count, mean and sum of squared deviations (M2) per feature, in float64, kept equal on all ranks.
-
-    gymnasium's NormalizeObservation/NormalizeReward keep one RunningMeanStd per process: under DDP every
-    rank would normalise with statistics of its own envs only, and the shared network would see differently
-    scaled inputs and rewards on each rank. Here `update` merges the batches of ALL ranks (one all-reduce),
-    so every rank ends with the statistics one process would compute over every rank's samples.
-    """
-
-    def __init__(self, shape=(), device=None):
-        self.shape = tuple(shape)
-        self.count = torch.zeros((), dtype=torch.float64, device=device)
-        self.mean = torch.zeros(self.shape, dtype=torch.float64, device=device)
-        self.m2 = torch.zeros(self.shape, dtype=torch.float64, device=device)
-
-    @property
-    def var(self) -> torch.Tensor:
-        """The population variance (gymnasium's convention); 1 before any sample."""
-        if self.count == 0:
-            return torch.ones_like(self.m2)
-        return self.m2 / self.count
-
-    def update(self, x: torch.Tensor, world_size: int = 1) -> None:
-        """Merge this rank's samples `x` [N, *shape] and, with world_size > 1, every other rank's.
-
-        Call it at the same point on every rank. One all-reduce of (count, sum(x - c), sum((x - c)^2)) in float64,
-        centred on the current mean c (equal on all ranks) against cancellation; then Chan et al.'s (1979) formula.
-        """
-        d = x.to(device=self.mean.device, dtype=torch.float64).reshape((-1,) + self.shape) - self.mean
-        n_local = torch.tensor([float(d.shape[0])], dtype=torch.float64, device=d.device)
-        sums = torch.cat([n_local, d.sum(0).reshape(-1), (d * d).sum(0).reshape(-1)])
-        if world_size > 1:
-            dist.all_reduce(sums)
-        n = sums[0]
-        if n == 0:
-            return
-        s1, s2 = sums[1:].view(2, *self.shape).unbind(0)
-        delta = s1 / n  # the batch mean minus the current mean
-        batch_m2 = s2 - s1 * s1 / n
-        total = self.count + n
-        self.mean = self.mean + delta * n / total
-        self.m2 = self.m2 + batch_m2 + delta * delta * self.count * n / total
-        self.count = total
-
-    def state_dict(self) -> dict:
-        return dict(count=self.count.cpu(), mean=self.mean.cpu(), m2=self.m2.cpu())
-
-    def load_state_dict(self, state: dict) -> None:
-        for name in ("count", "mean", "m2"):
-            setattr(self, name, state[name].to(device=self.mean.device, dtype=torch.float64))
-
-    def tensors(self) -> list[torch.Tensor]:
-        return [self.count, self.mean, self.m2]
-
-
-def normalize_obs(raw_obs, obs_stats: RunningStats, clip: float) -> torch.Tensor:
-    """(obs - mean) / sqrt(var + 1e-8), clipped to [-clip, clip]; float32 for the network."""
-    x = torch.as_tensor(raw_obs, dtype=torch.float64, device=obs_stats.mean.device)
-    return ((x - obs_stats.mean) / torch.sqrt(obs_stats.var + 1e-8)).clamp(-clip, clip).float()
-
-
-def network_input(raw_obs, obs_stats: RunningStats, args: Args) -> torch.Tensor:
-    """What the network sees: with --norm-obs the normalised observations, else the raw ones (float32)."""
-    if args.norm_obs:
-        return normalize_obs(raw_obs, obs_stats, args.clip_obs)
-    return torch.as_tensor(raw_obs, dtype=torch.float32, device=obs_stats.mean.device)
-
-
-def scale_reward(reward, return_stats: RunningStats, clip: float) -> torch.Tensor:
-    """reward / sqrt(var of the discounted return + 1e-8), clipped (gymnasium's NormalizeReward)."""
-    r = torch.as_tensor(reward, dtype=torch.float64, device=return_stats.mean.device)
-    return (r / torch.sqrt(return_stats.var + 1e-8)).clamp(-clip, clip).float()
-
-
 def main() -> None:
     args = tyro.cli(Args)
     run = rt.start(args, SCRIPT, use_cuda=args.cuda and torch.cuda.is_available())
@@ -415,7 +249,7 @@ def main() -> None:
     raw_returns = torch.zeros((args.num_steps, args.local_num_envs), dtype=torch.float64, device=device)
     next_done = torch.as_tensor(next_done, dtype=torch.float32, device=device)
     action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
-    num_iterations = sizes["num_iterations"]
+    num_iterations, preempted = sizes["num_iterations"], False
 
     for iteration in range(start_iteration, num_iterations + 1):
         rollout_start = time.perf_counter()
@@ -517,16 +351,12 @@ def main() -> None:
 
         # Metrics of ALL ranks, by name in one all-reduce: losses averaged over ranks, episodes summed,
         # explained variance from the global batch's sums.
-        y_pred, y_true = b_values, b_returns
+        y, d = b_returns, b_returns - b_values
         m = rt.all_sum(
             run,
-            {
-                **{f"losses/{k}": v / num_updates / world_size for k, v in loss_sums.items()},
-                **dict(
-                    y=y_true.sum(), y2=(y_true**2).sum(), d=(y_true - y_pred).sum(), d2=((y_true - y_pred) ** 2).sum()
-                ),
-                **dict(ep_return=episodes[0], ep_length=episodes[1], ep_count=episodes[2]),
-            },
+            {f"losses/{k}": v / num_updates / world_size for k, v in loss_sums.items()}
+            | dict(y=y.sum(), y2=(y * y).sum(), d=d.sum(), d2=(d * d).sum())
+            | dict(ep_return=episodes[0], ep_length=episodes[1], ep_count=episodes[2]),
         )
         n = sizes["batch_size"]
         var_y = m.pop("y2") / n - (m.pop("y") / n) ** 2
@@ -553,12 +383,11 @@ def main() -> None:
         reached = False
         if rt.steps_crossed(global_step - sizes["batch_size"], global_step, args.eval_every):
             with rt.off_the_clock(run):
-                video_name = f"eval-step{global_step}" if args.capture_video else None
-                eval_seed = args.seed + 10**9 + global_step  # seeds no training env uses
+                video = f"eval-step{global_step}" if args.capture_video else None
+                seed = args.seed + 10**9 + global_step  # seeds no training env uses
+                policy = (agent, obs_stats)  # what load_agent returns: the agent and its frozen statistics
                 result = (
-                    evaluate((agent, obs_stats), eval_envs, args, args.eval_greedy, eval_seed, device, video_name)
-                    if run.is_main
-                    else None
+                    evaluate(policy, eval_envs, args, args.eval_greedy, seed, device, video) if run.is_main else None
                 )
                 reached = rt.log_evaluation(run, result, global_step)
 
@@ -569,17 +398,10 @@ def main() -> None:
             # (simulator data, RNG) is saved from the unwrapped envs' attributes
             env_dicts = [env.unwrapped.__dict__ for env in envs.envs]
             env_state = (envs.envs, env_dicts, next_raw_obs, next_done.cpu().numpy())
-            rt.save_checkpoint(
-                run,
-                iteration,
-                global_step,
-                rank_state=pickle.dumps((*env_state, episode_return, episode_length, discounted_return)),
-                agent=agent.state_dict(),
-                agent_kwargs=agent_kwargs,
-                optimizer=optimizer.state_dict(),
-                obs_stats=obs_stats.state_dict(),
-                return_stats=return_stats.state_dict(),
-            )
+            rank_state = pickle.dumps((*env_state, episode_return, episode_length, discounted_return))
+            state = dict(agent=agent.state_dict(), agent_kwargs=agent_kwargs, optimizer=optimizer.state_dict())
+            state |= dict(obs_stats=obs_stats.state_dict(), return_stats=return_stats.state_dict())
+            rt.save_checkpoint(run, iteration, global_step, rank_state, **state)
         if preempted or reached:
             break
 
@@ -587,6 +409,173 @@ def main() -> None:
     if eval_envs is not None:
         eval_envs.close()
     rt.finish(run, global_step, preempted)
+
+
+# ALGO LOGIC: pure functions, imported by the tests
+def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
+    """Generalised advantage estimation over a [num_steps, num_envs] rollout; returns (advantages, returns).
+
+    `dones[t]` is 1 when `obs[t]` starts a new episode (CleanRL's convention), `next_done` likewise
+    for the observation after the rollout.
+    """
+    num_steps = rewards.shape[0]
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = 0
+    for t in reversed(range(num_steps)):
+        if t == num_steps - 1:
+            nextnonterminal = 1.0 - next_done
+            nextvalues = next_value
+        else:
+            nextnonterminal = 1.0 - dones[t + 1]
+            nextvalues = values[t + 1]
+        delta = rewards[t] + gamma * nextvalues * nextnonterminal - values[t]
+        advantages[t] = lastgaelam = delta + gamma * gae_lambda * nextnonterminal * lastgaelam
+    return advantages, advantages + values
+
+
+def normalize_advantages(adv: torch.Tensor, world_size: int) -> torch.Tensor:
+    """Normalise with the mean and (unbiased) std of the *global* minibatch, all ranks together.
+
+    One all-reduce of (sum, sum of squares, count) in float64, so that a 2-rank update equals the
+    single-process update on the union of the two local minibatches.
+    """
+    a = adv.double()
+    stats = torch.stack([a.sum(), (a * a).sum(), torch.tensor(float(a.numel()), dtype=a.dtype, device=a.device)])
+    if world_size > 1:
+        dist.all_reduce(stats)
+    total, total_sq, n = stats.unbind()
+    mean = total / n
+    var = (total_sq - n * mean * mean) / (n - 1)
+    return ((adv - mean.float()) / (var.clamp_min(0).sqrt().float() + 1e-8)).to(adv.dtype)
+
+
+def ppo_loss(model, mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values, args: Args, world_size):
+    """The clipped PPO loss of one local minibatch, and its named stats (detached).
+
+    `model` is the DDP-wrapped agent (or the plain agent with world size 1 or `--grad-sync flat`).
+    """
+    _, newlogprob, entropy, newvalue = model(mb_obs, mb_actions)
+    logratio = newlogprob - mb_logprobs
+    ratio = logratio.exp()
+    with torch.no_grad():
+        # calculate approx_kl http://joschu.net/blog/kl-approx.html
+        old_approx_kl = (-logratio).mean()
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+
+    if args.norm_adv:
+        mb_advantages = normalize_advantages(mb_advantages, world_size)
+
+    # Policy loss
+    pg_loss1 = -mb_advantages * ratio
+    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+    # Value loss
+    newvalue = newvalue.view(-1)
+    if args.clip_vloss:
+        v_loss_unclipped = (newvalue - mb_returns) ** 2
+        v_clipped = mb_values + torch.clamp(newvalue - mb_values, -args.clip_coef, args.clip_coef)
+        v_loss_clipped = (v_clipped - mb_returns) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
+
+    entropy_loss = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+    stats = dict(policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
+    stats.update(old_approx_kl=old_approx_kl, approx_kl=approx_kl, clipfrac=clipfrac)
+    return loss, {k: v.detach() for k, v in stats.items()}
+
+
+def all_reduce_gradients_flat(params, world_size: int) -> None:
+    """Average gradients across ranks with one all-reduce of one flat buffer (instead of DDP).
+
+    After cswinter's batched scheme (entity-neural-network/incubator#220), used by CleanRL.
+    """
+    grads = [p.grad for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= world_size
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+# Observation and reward normalisation, with statistics merged over all ranks
+class RunningStats:
+    """Count, mean and sum of squared deviations (M2) per feature, in float64, kept equal on all ranks.
+
+    gymnasium's NormalizeObservation/NormalizeReward keep one RunningMeanStd per process: under DDP every
+    rank would normalise with statistics of its own envs only, and the shared network would see differently
+    scaled inputs and rewards on each rank. Here `update` merges the batches of ALL ranks (one all-reduce),
+    so every rank ends with the statistics one process would compute over every rank's samples.
+    """
+
+    def __init__(self, shape=(), device=None):
+        self.shape = tuple(shape)
+        self.count = torch.zeros((), dtype=torch.float64, device=device)
+        self.mean = torch.zeros(self.shape, dtype=torch.float64, device=device)
+        self.m2 = torch.zeros(self.shape, dtype=torch.float64, device=device)
+
+    @property
+    def var(self) -> torch.Tensor:
+        """The population variance (gymnasium's convention); 1 before any sample."""
+        if self.count == 0:
+            return torch.ones_like(self.m2)
+        return self.m2 / self.count
+
+    def update(self, x: torch.Tensor, world_size: int = 1) -> None:
+        """Merge this rank's samples `x` [N, *shape] and, with world_size > 1, every other rank's.
+
+        Call it at the same point on every rank. One all-reduce of (count, sum(x - c), sum((x - c)^2)) in float64,
+        centred on the current mean c (equal on all ranks) against cancellation; then Chan et al.'s (1979) formula.
+        """
+        d = x.to(device=self.mean.device, dtype=torch.float64).reshape((-1,) + self.shape) - self.mean
+        n_local = torch.tensor([float(d.shape[0])], dtype=torch.float64, device=d.device)
+        sums = torch.cat([n_local, d.sum(0).reshape(-1), (d * d).sum(0).reshape(-1)])
+        if world_size > 1:
+            dist.all_reduce(sums)
+        n = sums[0]
+        if n == 0:
+            return
+        s1, s2 = sums[1:].view(2, *self.shape).unbind(0)
+        delta = s1 / n  # the batch mean minus the current mean
+        batch_m2 = s2 - s1 * s1 / n
+        total = self.count + n
+        self.mean = self.mean + delta * n / total
+        self.m2 = self.m2 + batch_m2 + delta * delta * self.count * n / total
+        self.count = total
+
+    def state_dict(self) -> dict:
+        return dict(count=self.count.cpu(), mean=self.mean.cpu(), m2=self.m2.cpu())
+
+    def load_state_dict(self, state: dict) -> None:
+        for name in ("count", "mean", "m2"):
+            setattr(self, name, state[name].to(device=self.mean.device, dtype=torch.float64))
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.count, self.mean, self.m2]
+
+
+def normalize_obs(raw_obs, obs_stats: RunningStats, clip: float) -> torch.Tensor:
+    """(obs - mean) / sqrt(var + 1e-8), clipped to [-clip, clip]; float32 for the network."""
+    x = torch.as_tensor(raw_obs, dtype=torch.float64, device=obs_stats.mean.device)
+    return ((x - obs_stats.mean) / torch.sqrt(obs_stats.var + 1e-8)).clamp(-clip, clip).float()
+
+
+def network_input(raw_obs, obs_stats: RunningStats, args: Args) -> torch.Tensor:
+    """What the network sees: with --norm-obs the normalised observations, else the raw ones (float32)."""
+    if args.norm_obs:
+        return normalize_obs(raw_obs, obs_stats, args.clip_obs)
+    return torch.as_tensor(raw_obs, dtype=torch.float32, device=obs_stats.mean.device)
+
+
+def scale_reward(reward, return_stats: RunningStats, clip: float) -> torch.Tensor:
+    """reward / sqrt(var of the discounted return + 1e-8), clipped (gymnasium's NormalizeReward)."""
+    r = torch.as_tensor(reward, dtype=torch.float64, device=return_stats.mean.device)
+    return (r / torch.sqrt(return_stats.var + 1e-8)).clamp(-clip, clip).float()
 
 
 # Evaluation on rank 0, in envs of its own: the interface every script offers (cleanrl_ddp/evaluate.py uses it)
