@@ -226,7 +226,6 @@ def main() -> None:
     if not 0.0 <= sticky_action_probability(args) <= 1.0:
         raise rt.RunError("--repeat-action-probability must be between 0 and 1")
     sizes = derive_sizes(args, world_size)
-    rt.open_logs(run, sizes, ckpt)
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = ckpt["global_step"] if ckpt else 0
 
@@ -274,6 +273,7 @@ def main() -> None:
     staging = staging_buffer(envs, run.pin)
     next_obs = to_device(frames, staging, device, run.pin)
     num_iterations, preempted = sizes["num_iterations"], False
+    rt.open_logs(run, sizes, ckpt)  # TensorBoard (W&B) and the sizes table; the SPS clock starts here
 
     for iteration in range(start_iteration, num_iterations + 1):
         rollout_start = time.perf_counter()

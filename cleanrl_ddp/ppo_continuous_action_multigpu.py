@@ -196,7 +196,6 @@ def main() -> None:
     rank, world_size, device = run.rank, run.world_size, run.device
     check_env(args.env_id)
     sizes = derive_sizes(args, world_size)
-    rt.open_logs(run, sizes, ckpt)
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = ckpt["global_step"] if ckpt else 0
 
@@ -250,6 +249,7 @@ def main() -> None:
     next_done = torch.as_tensor(next_done, dtype=torch.float32, device=device)
     action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
     num_iterations, preempted = sizes["num_iterations"], False
+    rt.open_logs(run, sizes, ckpt)  # TensorBoard (W&B) and the sizes table; the SPS clock starts here
 
     for iteration in range(start_iteration, num_iterations + 1):
         rollout_start = time.perf_counter()

@@ -16,9 +16,9 @@ from cleanrl_ddp.dqn_atari_multigpu import (
     derive_sizes,
     life_lost,
     linear_schedule,
-    steps_crossed,
     td_loss,
 )
+from cleanrl_ddp.runtime import steps_crossed
 
 SCRIPT = "dqn_atari_multigpu.py"
 DUMP = REPO / "tests" / "rank_state_dump.py"  # the wrapper that saves each rank's networks as main() returns
@@ -202,10 +202,30 @@ def test_training_updates_and_keeps_every_rank_identical(tmp_path, nproc):
         assert_same_weights(d["target_network"], dumps[0]["target_network"])  # target networks identical
         assert_same_weights(d["target_network"], d["q_network"])  # the last sync copied the last update
     assert ckpt["global_step"] == 128 and ckpt["num_updates"] == 4
+    assert ckpt["rank_state"] == [None] * nproc  # ALE's vector env cannot be pickled: resumes reseed it
     assert_same_weights(ckpt["q_network"], dumps[0]["q_network"])
     if nproc == 2:
         assert [s for s, _ in scalars["eval/episodic_return"]] == [128]
         assert "reached --target-return -1000.0 at global step 128" in proc.stdout
+
+
+def test_resume_refills_the_buffer_then_continues(tmp_path):
+    # a finished 1-process run (128 steps, 4 updates), resumed to 256 steps: the replay memory is not saved,
+    # so updates restart --learning-starts (100) steps after the checkpoint, at 232, 240, 248 and 256
+    first = launch(SCRIPT, [*TINY, "--runs-dir", tmp_path, "--total-timesteps", 128], nproc=0, timeout=240)
+    assert first.returncode == 0, first.stdout + first.stderr
+    run_dir = only_run_dir(tmp_path)
+    done = launch(SCRIPT, ["--resume", run_dir], nproc=0, timeout=240)  # a finished run: nothing left to do
+    assert done.returncode == 0, done.stdout + done.stderr
+    again = launch(SCRIPT, ["--resume", run_dir, "--total-timesteps", 256], nproc=0, timeout=240)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "resuming at iteration 65, global step 128" in again.stdout
+    assert "updates restart at global step 228 (buffer refill)" in again.stdout
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert ckpt["global_step"] == 256 and ckpt["num_updates"] == 8
+    updates = read_scalars(run_dir)["charts/updates"]  # every logged step once (purge_step), counts carried over
+    assert [s for s, _ in updates] == list(range(32, 257, 32))
+    assert [v for _, v in updates] == [0, 0, 0, 4, 4, 4, 4, 8]
 
 
 @pytest.mark.parametrize(
