@@ -192,7 +192,8 @@ def test_logged_losses_and_episodes_are_reduced_over_all_ranks(tmp_path_factory,
         means = [sum(e) / len(e) for e in own]
         assert logged == pytest.approx(sum(means) / len(means), rel=1e-5), step
         checked += any(m != pytest.approx(means[0], rel=1e-5) for m in means[1:])
-    assert checked, "no iteration where the ranks' own entropies differ"
+    if script == "ppo_multigpu.py":  # the continuous policy's entropy is its (shared) log-std's: equal on every rank
+        assert checked, "no iteration where the ranks' own entropies differ (the test could not tell)"
     differs = 0
     for step, logged in scalars.get("charts/episodic_return", []):
         end = step // run.world_size

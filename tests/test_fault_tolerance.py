@@ -6,7 +6,7 @@ TensorBoard steps.
 
 The mechanisms live once, in cleanrl_ddp/runtime.py (unit-tested in tests/test_runtime.py), so each fault runs
 as a whole script once, against ppo_multigpu.py. Only what goes through a script's own state runs for the
-other scripts too: SIGTERM and --resume (SCRIPTS), and the exact resume of the scripts whose envs pickle.
+other scripts too: SIGTERM and --resume, and the exact resume of the scripts whose envs pickle (SCRIPTS, EXACT).
 """
 
 import hashlib
@@ -107,8 +107,9 @@ def case(script: Script, *values, name: str = "") -> pytest.param:
     return pytest.param(script, *values, id="-".join(filter(None, [script.stem, name])), marks=marks)
 
 
-# The scripts that run SIGTERM and --resume (the continuous script's resume: test_resumed_run_equals_...)
-SCRIPTS = [case(PPO), case(ATARI), case(DQN)]
+# The scripts that run SIGTERM and --resume (their own state), and those whose resume is exact (their envs pickle)
+SCRIPTS = [case(PPO), case(CONTINUOUS), case(ATARI), case(DQN)]
+EXACT = (PPO, CONTINUOUS)
 
 
 def load(path) -> dict:
@@ -192,42 +193,6 @@ def test_max_restarts_that_could_not_resume_are_refused(tmp_path, env, pattern):
     assert not any(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
-def test_sigterm_to_torchrun_saves_then_resume_finishes(tmp_path, script):
-    iterations = 40
-    steps_per_iter = 2 * script.local_steps
-    args = script.args(iterations, tmp_path / "runs", "--checkpoint-every", 2, "--track")
-    env = {"WANDB_DIR": str(tmp_path / "wandb-dir")}
-    (tmp_path / "wandb-dir").mkdir()
-    proc = start(script.name, args, nproc=2, env=env)
-    wait_until(lambda: first_checkpoint(tmp_path / "runs"), 120, proc, "first checkpoint")
-    os.kill(proc.pid, signal.SIGTERM)  # torchrun forwards SIGTERM to every worker
-    result = finish(proc, 120)
-    output = result.stdout + result.stderr
-    assert result.returncode == 1, output  # torchrun's own code after a signal; the workers exit 75
-    lines = [line for line in output.splitlines() if line.startswith(f"{script.stem}: preempted")]
-    assert len(lines) == 1, output
-    stopped_step = int(re.search(r"at global step (\d+);", lines[0]).group(1))
-    stopped_at = stopped_step // steps_per_iter
-    run_dir = only_run_dir(tmp_path / "runs")
-    ckpt = load(run_dir / "checkpoint.pt")
-    assert ckpt["iteration"] == stopped_at < iterations
-    assert ckpt["global_step"] == stopped_step == stopped_at * steps_per_iter
-    assert ckpt["wandb_run_id"]
-
-    # only --resume: the other flags (env, budget, sizes, --track, ...) come from the checkpoint
-    resumed = launch(script.name, ["--resume", run_dir], nproc=2, env=env, timeout=180)
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert f"resuming at iteration {stopped_at + 1}" in resumed.stdout
-    assert only_run_dir(tmp_path / "runs") == run_dir
-    final = load(run_dir / "checkpoint.pt")
-    assert final["global_step"] == iterations * steps_per_iter
-    assert final["wandb_run_id"] == ckpt["wandb_run_id"]  # W&B resumed the same run
-    wandb_runs = list((tmp_path / "wandb-dir").glob("wandb/offline-run-*"))
-    assert wandb_runs and all(p.name.endswith(ckpt["wandb_run_id"]) for p in wandb_runs), wandb_runs
-    assert_steps_complete(run_dir, iterations, script)
-
-
 def assert_same_bits(a, b, where="") -> None:
     """Nested dicts/lists of tensors and numbers are equal, bit for bit."""
     if isinstance(a, dict):
@@ -246,27 +211,55 @@ def assert_same_bits(a, b, where="") -> None:
         assert a == b, where
 
 
-@pytest.mark.parametrize("script", [case(PPO), case(CONTINUOUS)])
-def test_resumed_run_equals_the_uninterrupted_run(tmp_path, script):
-    """Stopped by SIGTERM and resumed, a 2-rank run ends with the same parameters, optimizer state and RNG
-    streams as the same run without the stop: weights, Adam's moments, every rank's RNG streams and envs
-    (and the continuous script's statistics) all carry over. Restoring only the weights fails this."""
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_sigterm_then_resume_finishes_and_equals_the_uninterrupted_run(tmp_path, script):
+    """SIGTERM to torchrun: every rank stops at the same iteration after a checkpoint (exit 75); `--resume` alone
+    finishes the run with every TensorBoard step once. Where each rank's envs are checkpointed (EXACT), the
+    resumed run ends bit for bit as the same run without the stop: weights, Adam's moments, every rank's RNG
+    streams and envs (and the continuous script's statistics). Restoring only the weights fails this.
+    W&B (offline) continues the same run: checked once, for ppo_multigpu.py (the mechanism is the module's)."""
     iterations = 40
-    whole = launch(script.name, script.args(iterations, tmp_path / "whole", "--checkpoint-every", 0), nproc=2)
-    assert whole.returncode == 0, whole.stdout + whole.stderr
-    proc = start(script.name, script.args(iterations, tmp_path / "stopped", "--checkpoint-every", 1), nproc=2)
-    wait_until(lambda: first_checkpoint(tmp_path / "stopped"), 120, proc, "first checkpoint")
-    os.kill(proc.pid, signal.SIGTERM)
-    finish(proc, 120)
-    run_dir = only_run_dir(tmp_path / "stopped")
-    assert load(run_dir / "checkpoint.pt")["iteration"] < iterations  # it did stop
-    resumed = launch(script.name, ["--resume", run_dir], nproc=2, timeout=180)
+    steps_per_iter = 2 * script.local_steps
+    track = script is PPO
+    env = {"WANDB_DIR": str(tmp_path / "wandb-dir")}
+    (tmp_path / "wandb-dir").mkdir()
+    if script in EXACT:
+        whole = launch(script.name, script.args(iterations, tmp_path / "whole", "--checkpoint-every", 0), nproc=2)
+        assert whole.returncode == 0, whole.stdout + whole.stderr
+    args = script.args(iterations, tmp_path / "runs", "--checkpoint-every", 2, *(["--track"] if track else []))
+    proc = start(script.name, args, nproc=2, env=env)
+    wait_until(lambda: first_checkpoint(tmp_path / "runs"), 120, proc, "first checkpoint")
+    os.kill(proc.pid, signal.SIGTERM)  # torchrun forwards SIGTERM to every worker
+    result = finish(proc, 120)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output  # torchrun's own code after a signal; the workers exit 75
+    lines = [line for line in output.splitlines() if line.startswith(f"{script.stem}: preempted")]
+    assert len(lines) == 1, output
+    stopped_step = int(re.search(r"at global step (\d+);", lines[0]).group(1))
+    stopped_at = stopped_step // steps_per_iter
+    run_dir = only_run_dir(tmp_path / "runs")
+    ckpt = load(run_dir / "checkpoint.pt")
+    assert ckpt["iteration"] == stopped_at < iterations
+    assert ckpt["global_step"] == stopped_step == stopped_at * steps_per_iter
+
+    # only --resume: the other flags (env, budget, sizes, --track, ...) come from the checkpoint
+    resumed = launch(script.name, ["--resume", run_dir], nproc=2, env=env, timeout=180)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    expected, got = load(only_run_dir(tmp_path / "whole") / "checkpoint.pt"), load(run_dir / "checkpoint.pt")
-    assert got["global_step"] == expected["global_step"] == iterations * 2 * script.local_steps
-    for key in ("agent", "optimizer", "rng", "obs_stats", "return_stats"):
-        if key in expected:
-            assert_same_bits(got[key], expected[key], key)
+    assert f"resuming at iteration {stopped_at + 1}" in resumed.stdout
+    assert only_run_dir(tmp_path / "runs") == run_dir
+    final = load(run_dir / "checkpoint.pt")
+    assert final["global_step"] == iterations * steps_per_iter
+    assert_steps_complete(run_dir, iterations, script)
+    if track:
+        assert ckpt["wandb_run_id"] and final["wandb_run_id"] == ckpt["wandb_run_id"]  # W&B resumed the same run
+        wandb_runs = list((tmp_path / "wandb-dir").glob("wandb/offline-run-*"))
+        assert wandb_runs and all(p.name.endswith(ckpt["wandb_run_id"]) for p in wandb_runs), wandb_runs
+    if script in EXACT:
+        expected = load(only_run_dir(tmp_path / "whole") / "checkpoint.pt")
+        assert expected["global_step"] == final["global_step"]
+        for key in ("agent", "optimizer", "rng", "obs_stats", "return_stats"):
+            if key in expected:
+                assert_same_bits(final[key], expected[key], key)
 
 
 def test_sigusr1_to_a_plain_python_run_exits_75(tmp_path):

@@ -291,11 +291,22 @@ def test_lost_rank_message_only_for_failed_collectives():
         ("raise RuntimeError('[x.cc:1] gloo: Connection reset by peer')", 4, "demo: error: rank 0 lost contact"),
     ],
 )
-def test_exit_codes_one_line_each(body, code, line):
-    program = f"import sys; sys.path.insert(0, {str(REPO)!r})\nfrom cleanrl_ddp import runtime as rt\n"
-    program += f"with rt.exit_codes('demo'):\n    {body}\n"
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "SLURM_PROCID")}
-    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, env=env)
-    assert proc.returncode == code, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert lines == ([] if line is None else lines[:1]) and (line is None or lines[0].startswith(line)), proc.stderr
+def test_exit_codes_one_line_each(tmp_path, monkeypatch, body, code, line):
+    """`rt.exit_codes` in a forked child (it leaves with os._exit): its exit code and what it wrote to stderr."""
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("SLURM_PROCID", raising=False)
+    stderr = tmp_path / "stderr"
+    pid = os.fork()
+    if pid == 0:  # the child: stderr to a file, then the script's __main__ block
+        try:
+            fd = os.open(stderr, os.O_WRONLY | os.O_CREAT)
+            os.dup2(fd, 2)
+            sys.stderr = open(2, "w", closefd=False)
+            with rt.exit_codes("demo"):
+                exec(body)
+        finally:
+            os._exit(99)  # never reached when exit_codes leaves as it should; never back into pytest
+    _, status = os.waitpid(pid, 0)
+    lines = stderr.read_text().strip().splitlines()
+    assert os.waitstatus_to_exitcode(status) == code, lines
+    assert lines == ([] if line is None else lines[:1]) and (line is None or lines[0].startswith(line)), lines
