@@ -122,12 +122,8 @@ def read_launch_env() -> tuple[int, int, int, int]:
     """(rank, local_rank, world_size, local_world_size) from torchrun's or SLURM's variables."""
     env = os.environ
     if "RANK" in env and "WORLD_SIZE" in env:  # torchrun (or any env:// launcher)
-        return (
-            int(env["RANK"]),
-            int(env.get("LOCAL_RANK", 0)),
-            int(env["WORLD_SIZE"]),
-            int(env.get("LOCAL_WORLD_SIZE", 1)),
-        )
+        local_rank, local_world_size = int(env.get("LOCAL_RANK", 0)), int(env.get("LOCAL_WORLD_SIZE", 1))
+        return int(env["RANK"]), local_rank, int(env["WORLD_SIZE"]), local_world_size
     if int(env.get("SLURM_NTASKS", 1)) > 1:  # srun, one task per process
         for var in ("MASTER_ADDR", "MASTER_PORT"):
             if var not in env:
@@ -216,13 +212,8 @@ def start(args: RunArgs, script: str, use_cuda: bool) -> Run:
     # Each rank gets its share of the cores it may run on (torchrun would otherwise leave 1).
     torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // local_world_size))
     if world_size > 1:
-        dist.init_process_group(
-            backend=run.backend,
-            rank=rank,
-            world_size=world_size,
-            timeout=timedelta(seconds=args.dist_timeout),
-            device_id=run.device if run.backend == "nccl" else None,
-        )
+        timeout, device_id = timedelta(seconds=args.dist_timeout), run.device if run.backend == "nccl" else None
+        dist.init_process_group(run.backend, rank=rank, world_size=world_size, timeout=timeout, device_id=device_id)
     if run.is_main:
         backend = run.backend if world_size > 1 else "none (one process)"
         print(f"{script}: {world_size} rank(s), device {run.device}, backend {backend}", flush=True)
@@ -364,18 +355,9 @@ def save_checkpoint(run: Run, iteration: int, global_step: int, rank_state=None,
     error = None
     if run.is_main:
         run.writer.flush()  # the events up to this checkpoint reach the file first: a crash after it loses none
-        ckpt = dict(
-            script=run.script,
-            args=asdict(run.args),
-            sizes=run.sizes,
-            world_size=run.world_size,
-            iteration=iteration,
-            global_step=global_step,
-            rng=all_rng,
-            rank_state=all_rank_state,
-            wandb_run_id=run.wandb_run_id,
-            **state,
-        )
+        ckpt = dict(script=run.script, args=asdict(run.args), sizes=run.sizes, world_size=run.world_size)
+        ckpt |= dict(iteration=iteration, global_step=global_step, rng=all_rng, rank_state=all_rank_state)
+        ckpt |= dict(wandb_run_id=run.wandb_run_id, **state)
         path = os.path.join(run.run_dir, "checkpoint.pt")
         try:
             atomic_save(ckpt, path)
@@ -416,12 +398,8 @@ def state_checksum(*objects) -> torch.Tensor:
             tensors += list(obj.state_dict().values())
     device = next((t.device for t in tensors), torch.device("cpu"))
     total = torch.zeros(2, dtype=torch.int64, device=device)
-    views = {
-        torch.float64: torch.int64,
-        torch.float32: torch.int32,
-        torch.bfloat16: torch.int16,
-        torch.float16: torch.int16,
-    }
+    views = {torch.float64: torch.int64, torch.float32: torch.int32, torch.bfloat16: torch.int16}
+    views[torch.float16] = torch.int16
     for t in tensors:
         bits = t.detach().reshape(-1).to(device)
         bits = (bits.view(views[bits.dtype]) if bits.dtype in views else bits).to(torch.int64)
@@ -486,21 +464,13 @@ def open_logs(run: Run, sizes: dict, ckpt: Optional[dict]) -> None:
         import wandb
 
         # a resumed run passes the id saved in its checkpoint; a new one keeps the id W&B chose
-        run.wandb_run_id = wandb.init(
-            project=args.wandb_project_name,
-            entity=args.wandb_entity,
-            sync_tensorboard=True,
-            config=config,
-            name=os.path.basename(run.run_dir),
-            id=run.wandb_run_id,
-            resume="allow",
-            save_code=True,
-        ).id
+        names = dict(project=args.wandb_project_name, entity=args.wandb_entity, name=os.path.basename(run.run_dir))
+        options = dict(config=config, sync_tensorboard=True, save_code=True, resume="allow")
+        run.wandb_run_id = wandb.init(**names, **options, id=run.wandb_run_id).id
     # purge_step drops events a crashed attempt logged after the checkpoint: no duplicate steps
     run.writer = SummaryWriter(run.run_dir, purge_step=global_step + 1 if ckpt else None)
-    run.writer.add_text(
-        "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in config.items())
-    )
+    table = "\n".join(f"|{k}|{v}|" for k, v in config.items())
+    run.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
     print(f"{run.script}: {args.env_id}, run directory {run.run_dir}")
     for key, value in sizes.items():
         print(f"  {key:<22}{value}")

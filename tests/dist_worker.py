@@ -86,10 +86,12 @@ SCRIPTS = {
             target_kl=["--update-epochs", "8", "--learning-rate", "0.01", "--target-kl", "0.02"],
         ),
         ScriptSpec(
-            "ppo_continuous_action_multigpu.py",  # HalfCheetah-v5: 17 observations, 6 actions
+            "ppo_continuous_action_multigpu.py",  # unit: HalfCheetah-v5's 17 observations, 6 actions
             make_agent=lambda m: m.Agent(17, 6),
             make_obs=lambda n, g: torch.randn(n, 17, generator=g),
-            tiny=["--local-num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "2"],
+            # whole runs on InvertedPendulum-v5: its episodes end within a tiny run (HalfCheetah's last 1000 steps)
+            tiny=["--env-id", "InvertedPendulum-v5", "--local-num-envs", "2", "--num-steps", "16"]
+            + ["--num-minibatches", "2", "--update-epochs", "2"],
             local_batch=32,
             target_kl=["--update-epochs", "8", "--learning-rate", "0.01", "--target-kl", "0.003"],
         ),
