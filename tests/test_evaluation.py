@@ -53,7 +53,7 @@ def tensorboard_images(run_dir, tag: str) -> list[int]:
 
 def test_eval_video_wandb_and_evaluate_command(tmp_path):
     """One 2-rank CartPole job: rank-0 evaluation and video, one W&B run with the resolved config; the
-    evaluate command on its checkpoint (a resumed job continuing the same W&B run: tests/test_fault_tolerance.py)."""
+    evaluate command on its checkpoint (a resumed job continuing the same W&B run: tests/test_runtime.py)."""
     runs, wandb_dir = tmp_path / "runs", tmp_path / "wandb"
     wandb_dir.mkdir()
     env = {"WANDB_DIR": str(wandb_dir)}

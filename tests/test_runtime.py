@@ -8,6 +8,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -31,7 +32,7 @@ class Args(rt.RunArgs):
 
 
 def single_run(tmp_path, **flags) -> rt.Run:
-    args = Args(runs_dir=str(tmp_path), run_name=None, **flags)
+    args = Args(runs_dir=str(tmp_path), **flags)
     return rt.Run("ppo_multigpu", args, 0, 0, 1, 1, torch.device("cpu"), None)
 
 
@@ -260,6 +261,27 @@ def test_resume_handshake_then_logs_and_checkpoint(tmp_path, monkeypatch):
     assert args.total_timesteps == 2000 and args.env_id == "ALE/Pong-v5" and again.run_dir == run.run_dir
     with pytest.raises(rt.RunError, match="the checkpoint's batch_size is 10, not 20: keep its sizes"):
         rt.open_logs(again, dict(batch_size=20, num_iterations=100), ckpt)  # e.g. another --local-num-envs
+
+
+def test_wandb_continues_the_checkpoints_run(tmp_path, monkeypatch):
+    """With --track, a new run keeps the id W&B chose and saves it; a resumed run passes it back (resume="allow")."""
+    import wandb
+
+    calls = []
+    monkeypatch.setattr(wandb, "init", lambda **kw: calls.append(kw) or SimpleNamespace(id=kw["id"] or "chosen"))
+    monkeypatch.setattr(wandb, "finish", lambda **kw: None)
+    monkeypatch.setattr(sys, "argv", ["script"])
+    run = single_run(tmp_path, track=True, run_name="tracked")
+    rt.resume(run, run.args)
+    rt.open_logs(run, dict(batch_size=10), None)
+    rt.save_checkpoint(run, 1, 10, None)
+    rt.finish(run, 10, preempted=False)
+    again = single_run(tmp_path, track=True, run_name="tracked")
+    _, ckpt = rt.resume(again, again.args)  # the run directory holds a checkpoint: a restart of the same run
+    rt.open_logs(again, dict(batch_size=10), ckpt)
+    rt.finish(again, 10, preempted=False)
+    assert [c["id"] for c in calls] == [None, "chosen"] and ckpt["wandb_run_id"] == "chosen"
+    assert calls[1]["resume"] == "allow" and calls[1]["config"]["batch_size"] == 10
 
 
 def test_finish_after_a_preemption_exits_75(tmp_path):
