@@ -489,16 +489,9 @@ def evaluate(q_network, eval_envs, args: Args, greedy: bool, seed: int, device, 
         if frames is not None and running[0]:  # NextStep autoreset: a game's last obs is still its own
             frames.append(obs[0, -1])
         running &= ~(terminations | truncations)  # later steps of that env are ignored
-    if frames is None:
-        return returns, lengths, None
-    from moviepy.video.io.ImageSequenceClip import ImageSequenceClip
-
-    fps = 15  # 60 emulator frames per second, 4 per agent step: real time
-    rgb = np.repeat(np.stack(frames)[..., None], 3, axis=-1)  # grayscale -> [T, H, W, 3]
-    os.makedirs(eval_envs.video_dir, exist_ok=True)
-    path = os.path.join(eval_envs.video_dir, f"{video_name}.mp4")
-    ImageSequenceClip(list(rgb), fps=fps).write_videofile(path, logger=None)
-    return returns, lengths, dict(path=path, frames=rgb, fps=fps)
+    # 60 emulator frames per second, 4 per agent step: 15 frames per second is real time
+    video = rt.write_video(frames, eval_envs.video_dir, video_name, fps=15) if frames is not None else None
+    return returns, lengths, video
 
 
 if __name__ == "__main__":

@@ -521,6 +521,18 @@ def video_dir(run: Run) -> Optional[str]:
     return os.path.join(run.run_dir, "videos") if run.args.capture_video else None
 
 
+def write_video(frames: list, video_dir: str, name: str, fps: int) -> dict:
+    """Write frames ([H, W] grayscale or [H, W, 3]) to {video_dir}/{name}.mp4; returns what `log_video` takes."""
+    from moviepy.video.io.ImageSequenceClip import ImageSequenceClip
+
+    rgb = np.stack(frames)
+    rgb = np.repeat(rgb[..., None], 3, axis=-1) if rgb.ndim == 3 else rgb  # grayscale -> [T, H, W, 3]
+    os.makedirs(video_dir, exist_ok=True)
+    path = os.path.join(video_dir, f"{name}.mp4")
+    ImageSequenceClip(list(rgb), fps=fps).write_videofile(path, logger=None)
+    return dict(path=path, frames=rgb, fps=fps)
+
+
 def log_video(writer, video: dict, global_step: int, track: bool) -> None:
     """Attach an evaluation video (from a script's `evaluate`) to TensorBoard and, with --track, to W&B."""
     frames = video["frames"][:: max(1, len(video["frames"]) // 200)]  # TensorBoard stores a GIF: keep it small
