@@ -18,7 +18,6 @@ from cleanrl_ddp.dqn_atari_multigpu import (
     linear_schedule,
     td_loss,
 )
-from cleanrl_ddp.runtime import steps_crossed
 
 SCRIPT = "dqn_atari_multigpu.py"
 DUMP = REPO / "tests" / "rank_state_dump.py"  # the wrapper that saves each rank's networks as main() returns
@@ -116,10 +115,7 @@ def test_buffer_matches_the_env_stacks_on_a_long_random_sequence():
                 assert (obs, next_obs, bool(term)) == seen[obs[-1]]
 
 
-def test_schedules_and_helpers():
-    assert [steps_crossed(p, p + 4, 8) for p in range(0, 32, 4)] == [0, 1] * 4  # every 8 global steps
-    assert steps_crossed(0, 16, 4) == 4  # more envs than the period: several updates in one step
-    assert steps_crossed(5, 9, 0) == 0  # 0 = never
+def test_schedules_and_helpers():  # (the periodic schedule, rt.steps_crossed: tests/test_runtime.py)
     assert linear_schedule(1.0, 0.01, 100, 0) == 1.0
     assert linear_schedule(1.0, 0.01, 100, 50) == pytest.approx(0.505)
     assert linear_schedule(1.0, 0.01, 100, 1000) == 0.01

@@ -193,6 +193,7 @@ def test_steps_crossed_keeps_a_period_that_is_not_a_multiple_of_the_batch():
     crossed = [rt.steps_crossed(s - 128, s, 300) for s in range(128, 128 * 75 + 1, 128)]
     assert sum(crossed) == 128 * 75 // 300 and max(crossed) == 1
     assert rt.steps_crossed(0, 10**6, 0) == 0  # 0 = off
+    assert rt.steps_crossed(0, 16, 4) == 4  # more envs than the period: several events in one step (DQN)
 
 
 def test_named_metrics_and_preemption_vote_in_one_process(tmp_path):
