@@ -335,10 +335,7 @@ def main() -> None:
         if preempted or reached:
             break
 
-    envs.close()
-    if eval_envs is not None:
-        eval_envs.close()
-    rt.finish(run, global_step, preempted)
+    rt.finish(run, global_step, preempted, envs, eval_envs)
 
 
 # ALGO LOGIC: the replay memory, the epsilon schedule, the loss and the gradient all-reduce (imported by the tests)

@@ -405,10 +405,7 @@ def main() -> None:
         if preempted or reached:
             break
 
-    envs.close()
-    if eval_envs is not None:
-        eval_envs.close()
-    rt.finish(run, global_step, preempted)
+    rt.finish(run, global_step, preempted, envs, eval_envs)
 
 
 # ALGO LOGIC: pure functions, imported by the tests

@@ -11,7 +11,6 @@ normalisation (see `RunningStats`). Run plumbing lives in cleanrl_ddp/runtime.py
 """
 
 import os
-import pickle
 import time
 from dataclasses import dataclass
 from typing import Literal, Optional
@@ -231,7 +230,7 @@ def main() -> None:
     discounted_return = np.zeros(args.local_num_envs)  # per env, for reward scaling (not the episodic return)
     next_done = np.zeros(args.local_num_envs)
     if ckpt:  # each rank's envs continue exactly where they were
-        state = pickle.loads(ckpt["rank_state"][rank])
+        state = ckpt["rank_state"][rank]
         envs.envs, env_dicts, next_raw_obs, next_done, episode_return, episode_length, discounted_return = state
         for env, env_dict in zip(envs.envs, env_dicts, strict=True):
             env.unwrapped.__dict__.update(env_dict)  # MuJoCo envs pickle only their constructor's arguments
@@ -398,17 +397,14 @@ def main() -> None:
             # (simulator data, RNG) is saved from the unwrapped envs' attributes
             env_dicts = [env.unwrapped.__dict__ for env in envs.envs]
             env_state = (envs.envs, env_dicts, next_raw_obs, next_done.cpu().numpy())
-            rank_state = pickle.dumps((*env_state, episode_return, episode_length, discounted_return))
+            rank_state = (*env_state, episode_return, episode_length, discounted_return)
             state = dict(agent=agent.state_dict(), agent_kwargs=agent_kwargs, optimizer=optimizer.state_dict())
             state |= dict(obs_stats=obs_stats.state_dict(), return_stats=return_stats.state_dict())
             rt.save_checkpoint(run, iteration, global_step, rank_state, **state)
         if preempted or reached:
             break
 
-    envs.close()
-    if eval_envs is not None:
-        eval_envs.close()
-    rt.finish(run, global_step, preempted)
+    rt.finish(run, global_step, preempted, envs, eval_envs)
 
 
 # ALGO LOGIC: pure functions, imported by the tests

@@ -567,8 +567,11 @@ def log_evaluation(run: Run, result: Optional[tuple], global_step: int) -> bool:
     return bool(broadcast_from_main(run, stop))
 
 
-def finish(run: Run, global_step: int, preempted: bool) -> None:
-    """Close the logs; after a preemption, say where to resume and exit with EXIT_PREEMPTED."""
+def finish(run: Run, global_step: int, preempted: bool, *envs) -> None:
+    """Close `envs` (None: skipped) and the logs; after a preemption, say where to resume and exit 75."""
+    for env in envs:
+        if env is not None:
+            env.close()
     if run.is_main:
         print("" if sys.stdout.isatty() else run.last_line, flush=True)  # end the live line, or show the last
         run.writer.close()
