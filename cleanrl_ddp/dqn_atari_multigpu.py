@@ -220,7 +220,7 @@ def main() -> None:
         q_network.load_state_dict(ckpt["q_network"])
         target_network.load_state_dict(ckpt["target_network"])
         optimizer.load_state_dict(ckpt["optimizer"])
-        rt.set_rng_states(ckpt["rng"][rank], device)
+        rt.resume_rng(run, ckpt, args.seed)  # each rank's own streams; at another world size, new ones
     model = DDP(q_network) if world_size > 1 and args.grad_sync == "ddp" else q_network
     eval_envs = make_eval_envs(args, args.eval_episodes, rt.video_dir(run)) if run.is_main and args.eval_every else None
 

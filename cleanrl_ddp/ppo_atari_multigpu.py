@@ -248,7 +248,7 @@ def main() -> None:
     if ckpt:
         agent.load_state_dict(ckpt["agent"])
         optimizer.load_state_dict(ckpt["optimizer"])
-        rt.set_rng_states(ckpt["rng"][rank], device)
+        rt.resume_rng(run, ckpt, args.seed)  # each rank's own streams; at another world size, new ones
     model = DDP(agent) if world_size > 1 and args.grad_sync == "ddp" else agent
     eval_envs = make_eval_envs(args, args.eval_episodes, rt.video_dir(run)) if run.is_main and args.eval_every else None
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.precision == "bf16" else nullcontext()

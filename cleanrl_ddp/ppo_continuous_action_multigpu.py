@@ -220,7 +220,7 @@ def main() -> None:
         optimizer.load_state_dict(ckpt["optimizer"])
         obs_stats.load_state_dict(ckpt["obs_stats"])
         return_stats.load_state_dict(ckpt["return_stats"])
-        rt.set_rng_states(ckpt["rng"][rank], device)
+        rt.resume_rng(run, ckpt, args.seed)  # each rank's own streams; at another world size, new ones
     model = DDP(agent) if world_size > 1 and args.grad_sync == "ddp" else agent
     eval_envs = make_eval_envs(args, args.eval_episodes, rt.video_dir(run)) if run.is_main and args.eval_every else None
 
@@ -229,8 +229,8 @@ def main() -> None:
     episode_return, episode_length = np.zeros(args.local_num_envs), np.zeros(args.local_num_envs, dtype=np.int64)
     discounted_return = np.zeros(args.local_num_envs)  # per env, for reward scaling (not the episodic return)
     next_done = np.zeros(args.local_num_envs)
-    if ckpt:  # each rank's envs continue exactly where they were
-        state = ckpt["rank_state"][rank]
+    if ckpt:  # every env continues exactly where it was, whichever rank steps it now
+        state = rt.rank_share(run, ckpt)
         envs.envs, env_dicts, next_raw_obs, next_done, episode_return, episode_length, discounted_return = state
         for env, env_dict in zip(envs.envs, env_dicts, strict=True):
             env.unwrapped.__dict__.update(env_dict)  # MuJoCo envs pickle only their constructor's arguments

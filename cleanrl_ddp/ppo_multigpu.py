@@ -198,7 +198,7 @@ def main() -> None:
     if ckpt:
         agent.load_state_dict(ckpt["agent"])
         optimizer.load_state_dict(ckpt["optimizer"])
-        rt.set_rng_states(ckpt["rng"][rank], device)
+        rt.resume_rng(run, ckpt, args.seed)  # each rank's own streams; at another world size, new ones
     model = DDP(agent) if world_size > 1 and args.grad_sync == "ddp" else agent
     eval_envs = make_eval_envs(args, args.eval_episodes, rt.video_dir(run)) if run.is_main and args.eval_every else None
 
@@ -206,8 +206,8 @@ def main() -> None:
     next_obs, _ = envs.reset(seed=[env_seed0 + i for i in range(args.local_num_envs)])
     episode_return, episode_length = np.zeros(args.local_num_envs), np.zeros(args.local_num_envs, dtype=np.int64)
     next_done = np.zeros(args.local_num_envs)
-    if ckpt:  # each rank's envs continue exactly where they were (gymnasium envs pickle)
-        envs.envs, next_obs, next_done, episode_return, episode_length = ckpt["rank_state"][rank]
+    if ckpt:  # every env continues exactly where it was, whichever rank steps it now (gymnasium envs pickle)
+        envs.envs, next_obs, next_done, episode_return, episode_length = rt.rank_share(run, ckpt)
 
     # ALGO Logic: Storage setup
     obs = torch.zeros((args.num_steps, args.local_num_envs) + envs.single_observation_space.shape, device=device)

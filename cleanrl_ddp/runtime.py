@@ -204,8 +204,6 @@ def start(args: RunArgs, script: str, use_cuda: bool) -> Run:
         signal.signal(sig, lambda signum, frame: run.signals.append(signum))
     check_run_flags(args)
     check_elastic_restarts(args.run_name)
-    if args.sync_check_every and world_size == 1:
-        args.sync_check_every = 0  # nothing to compare
     run.device, run.backend = choose_device(use_cuda, args.backend, local_rank, local_world_size, args.share_gpus)
     if run.device.type == "cuda":
         torch.cuda.set_device(run.device)
@@ -303,7 +301,9 @@ def resume(run: Run, args: RunArgs, required: tuple = ()) -> tuple[Any, Optional
     Rank 0 decides and every rank learns the outcome (or the same RunError). A checkpoint is taken
     from `--resume`, or from the run directory itself when it holds one (an elastic restart or a
     requeued job). A resumed run takes the checkpoint's flags as its defaults; flags given on this
-    command line still win, except the env id and the world size, which must match.
+    command line still win, except the env id and the global sizes. At another world size, the
+    per-rank flags are derived again from the checkpoint's global sizes (`per_rank_flags`); the value
+    the checkpoint was written with is accepted too, since torchrun and SLURM replay the same command.
     """
     outcome = None
     if run.is_main:
@@ -318,14 +318,18 @@ def resume(run: Run, args: RunArgs, required: tuple = ()) -> tuple[Any, Optional
                 if args.resume:  # continue writing into the directory of the checkpoint
                     run_dir = args.resume if os.path.isdir(args.resume) else os.path.dirname(args.resume) or "."
                 saved = {k: v for k, v in ckpt["args"].items() if k in {f.name for f in fields(type(args))}}
-                args = tyro.cli(type(args), default=type(args)(**saved))
+                local = per_rank_flags(saved, ckpt["sizes"], run.world_size)
+                args = tyro.cli(type(args), default=type(args)(**(saved | local)))
                 if args.env_id != saved["env_id"]:
                     raise RunError(f"--resume: {source} trained {saved['env_id']}, not --env-id {args.env_id}")
-                if ckpt["world_size"] != run.world_size:
-                    raise RunError(
-                        f"--resume: the checkpoint was written with world size {ckpt['world_size']} (global batch "
-                        f"{ckpt['sizes']['batch_size']}); relaunch with {ckpt['world_size']} processes"
-                    )
+                for name, value in local.items():  # the saved value: a restart replaying its command line
+                    if getattr(args, name) not in (value, saved[name]):
+                        total = name.removeprefix("local_")
+                        raise RunError(
+                            f"--resume: --{name.replace('_', '-')} {getattr(args, name)} on {run.world_size} rank(s) "
+                            f"changes the checkpoint's {total} {ckpt['sizes'][total]}; omit it (each rank gets {value})"
+                        )
+                    setattr(args, name, value)
             outcome = (run_dir, args, ckpt)
         except RunError as e:
             outcome = e
@@ -337,6 +341,62 @@ def resume(run: Run, args: RunArgs, required: tuple = ()) -> tuple[Any, Optional
     if ckpt:
         check_run_flags(run.args)
     return run.args, ckpt
+
+
+def per_rank_flags(saved_args: dict, sizes: dict, world_size: int) -> dict:
+    """The per-rank flags that keep a checkpoint's global sizes at `world_size`: `local_X = X / world_size`.
+
+    Every flag `local_X` whose global `X` the checkpoint's sizes hold is derived again: 8 envs saved
+    as 2 ranks x `--local-num-envs 4` resume on 4 ranks as `--local-num-envs 2`. Raises RunError,
+    naming the world sizes that would work, when a global size does not divide.
+    """
+    names = [name for name in saved_args if name.startswith("local_") and name.removeprefix("local_") in sizes]
+    totals = {name: sizes[name.removeprefix("local_")] for name in names}
+    if not totals:
+        return {}
+    fits = [w for w in range(1, min(totals.values()) + 1) if all(total % w == 0 for total in totals.values())]
+    if world_size not in fits:
+        what = " and ".join(f"{name.removeprefix('local_')} {total}" for name, total in totals.items())
+        raise RunError(
+            f"--resume: the checkpoint's {what} cannot be split evenly over {world_size} ranks; "
+            f"relaunch with one of these world sizes: {', '.join(map(str, fits))}"
+        )
+    return {name: total // world_size for name, total in totals.items()}
+
+
+def rank_share(run: Run, ckpt: dict):
+    """This rank's part of the checkpoint's per-rank state (`rank_state`), at any world size.
+
+    Each rank saved a tuple of per-env sequences (lists, arrays or tensors, one entry per env, in env
+    order). They are joined in global env order and split again for this world size, so every env
+    continues exactly where it was, whichever rank steps it now. None when the ranks saved none.
+    """
+    saved = ckpt["rank_state"]
+    if any(state is None for state in saved):
+        return None
+    share = []
+    for parts in zip(*saved, strict=True):  # one field (envs, observations, ...) of every old rank
+        if isinstance(parts[0], torch.Tensor):
+            joined = torch.cat(parts)
+        elif isinstance(parts[0], np.ndarray):
+            joined = np.concatenate(parts)
+        else:
+            joined = [item for part in parts for item in part]
+        local = len(joined) // run.world_size
+        share.append(joined[run.rank * local : (run.rank + 1) * local])
+    return tuple(share)
+
+
+def resume_rng(run: Run, ckpt: dict, seed: int) -> None:
+    """Every rank's RNG streams as saved; at another world size, new ones from (seed, rank, iteration).
+
+    The saved streams belong to the old ranks: a changed world size cannot continue them, so it seeds
+    streams that no earlier attempt used and that the same restart reproduces.
+    """
+    if ckpt["world_size"] == run.world_size:
+        set_rng_states(ckpt["rng"][run.rank], run.device)
+    else:
+        seed_everything(int(np.random.SeedSequence([seed, run.rank, ckpt["iteration"]]).generate_state(1)[0]))
 
 
 def save_checkpoint(run: Run, iteration: int, global_step: int, rank_state=None, **state) -> None:
@@ -410,6 +470,8 @@ def state_checksum(*objects) -> torch.Tensor:
 
 def check_replicas_in_sync(where: str, world_size: int, *objects) -> None:
     """Raise RunError (EXIT_DIVERGED) on every rank, naming the ranks, if any replica's bits differ from rank 0's."""
+    if world_size == 1:
+        return  # nothing to compare
     local = state_checksum(*objects)
     gathered = [torch.zeros_like(local) for _ in range(world_size)]
     dist.all_gather(gathered, local)
@@ -476,6 +538,12 @@ def open_logs(run: Run, sizes: dict, ckpt: Optional[dict]) -> None:
         print(f"  {key:<22}{value}")
     if ckpt:
         print(f"  resuming at iteration {ckpt['iteration'] + 1}, global step {global_step}", flush=True)
+    if ckpt and ckpt["world_size"] != run.world_size:
+        print(
+            f"  world size {ckpt['world_size']} -> {run.world_size}: global sizes kept, per-rank sizes derived "
+            "again, RNG streams seeded from (seed, rank, iteration)",
+            flush=True,
+        )
 
 
 def log(run: Run, global_step: int, scalars: dict, episodes: tuple) -> None:

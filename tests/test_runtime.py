@@ -6,7 +6,7 @@ import os
 import random
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,12 +23,13 @@ SCRIPTS = ["ppo_multigpu", "ppo_atari_multigpu", "ppo_continuous_action_multigpu
 
 @dataclass
 class Args(rt.RunArgs):
-    """What a script's Args adds that the module reads: the run name's parts and the budget."""
+    """What a script's Args adds that the module reads: the run name's parts, the budget, per-rank sizes."""
 
     env_id: str = "ALE/Pong-v5"
     exp_name: str = "test"
     seed: int = 1
     total_timesteps: int = 1000
+    local_num_envs: int = 1
 
 
 def single_run(tmp_path, **flags) -> rt.Run:
@@ -262,6 +263,73 @@ def test_resume_handshake_then_logs_and_checkpoint(tmp_path, monkeypatch):
     assert args.total_timesteps == 2000 and args.env_id == "ALE/Pong-v5" and again.run_dir == run.run_dir
     with pytest.raises(rt.RunError, match="the checkpoint's batch_size is 10, not 20: keep its sizes"):
         rt.open_logs(again, dict(batch_size=20, num_iterations=100), ckpt)  # e.g. another --local-num-envs
+
+
+def test_per_rank_flags_keep_the_global_sizes():
+    """Every `local_X` flag whose global `X` the checkpoint holds is X / world size (DQN has two)."""
+    saved = dict(local_num_envs=4, local_batch_size=32, learning_rate=0.1)
+    sizes = dict(world_size=2, num_envs=8, batch_size=64, num_iterations=10)
+    assert rt.per_rank_flags(saved, sizes, 2) == dict(local_num_envs=4, local_batch_size=32)
+    assert rt.per_rank_flags(saved, sizes, 1) == dict(local_num_envs=8, local_batch_size=64)
+    assert rt.per_rank_flags(saved, sizes, 8) == dict(local_num_envs=1, local_batch_size=8)
+    with pytest.raises(
+        rt.RunError, match=r"num_envs 8 and batch_size 64 cannot be split evenly over 3 ranks; .*: 1, 2, 4, 8$"
+    ):
+        rt.per_rank_flags(saved, sizes, 3)
+    ppo = dict(world_size=2, num_envs=6, local_batch_size=96, batch_size=192)  # a derived local size is no flag
+    assert rt.per_rank_flags(dict(local_num_envs=3, num_steps=32), ppo, 3) == dict(local_num_envs=2)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_rank_share_hands_every_env_on_in_global_order(world_size):
+    """Two ranks' per-env state (lists, tensors, arrays) split again for another world size, env order kept."""
+    saved = [
+        (["env0", "env1"], torch.tensor([0.0, 1.0]), np.array([10, 11])),
+        (["env2", "env3"], torch.tensor([2.0, 3.0]), np.array([12, 13])),
+    ]
+    ckpt = dict(world_size=2, rank_state=saved)
+    shares = [rt.rank_share(SimpleNamespace(rank=r, world_size=world_size), ckpt) for r in range(world_size)]
+    assert [env for share in shares for env in share[0]] == ["env0", "env1", "env2", "env3"]
+    assert torch.equal(torch.cat([share[1] for share in shares]), torch.arange(4.0))
+    assert np.concatenate([share[2] for share in shares]).tolist() == [10, 11, 12, 13]
+    assert all(len(share[0]) == len(share[1]) == len(share[2]) == 4 // world_size for share in shares)
+    assert rt.rank_share(SimpleNamespace(rank=0, world_size=world_size), dict(rank_state=[None, None])) is None
+
+
+def test_resume_rng_continues_the_streams_or_seeds_them_from_seed_rank_and_iteration():
+    cpu = torch.device("cpu")
+    rt.seed_everything(5)
+    saved = [rt.rng_states(cpu), rt.rng_states(cpu)]
+    draws = lambda: (random.random(), np.random.rand(), torch.rand(1).item())  # noqa: E731
+    expected = draws()
+    ckpt = dict(world_size=2, iteration=7, rng=saved)
+    rt.resume_rng(SimpleNamespace(rank=1, world_size=2, device=cpu), ckpt, seed=1)
+    assert draws() == expected  # the same world size continues rank 1's own streams
+    streams = {}
+    for rank, iteration in [(0, 7), (1, 7), (0, 8), (0, 7)]:
+        rt.resume_rng(SimpleNamespace(rank=rank, world_size=3, device=cpu), ckpt | dict(iteration=iteration), seed=1)
+        streams.setdefault((rank, iteration), []).append(draws())
+    assert streams[(0, 7)][0] == streams[(0, 7)][1]  # reproducible
+    assert len({s[0] for s in streams.values()} | {expected}) == 4  # and new for every rank and iteration
+
+
+def test_resume_at_another_world_size_derives_the_per_rank_flags_again(tmp_path, monkeypatch):
+    """A checkpoint of 2 ranks x 4 envs resumes in one process with 8 envs; its own flag value (a restart
+    replaying its command line) is read the same way; a value that changes the 8 envs is refused."""
+    monkeypatch.setattr(sys, "argv", ["script"])
+    args = asdict(Args(runs_dir=str(tmp_path), local_num_envs=4))
+    ckpt = dict(script="ppo_multigpu", args=args, sizes=dict(num_envs=8, batch_size=64), world_size=2)
+    ckpt |= dict(iteration=3, global_step=192, rng=[None, None], rank_state=[None, None])
+    rt.atomic_save(ckpt, str(tmp_path / "checkpoint.pt"))
+    for argv, local_num_envs in ([], 8), (["--local-num-envs", "4"], 8), (["--local-num-envs", "8"], 8):
+        monkeypatch.setattr(sys, "argv", ["script", *argv])
+        resumed, _ = rt.resume(single_run(tmp_path), Args(resume=str(tmp_path)))
+        assert resumed.local_num_envs == local_num_envs, argv
+    monkeypatch.setattr(sys, "argv", ["script", "--local-num-envs", "2"])
+    with pytest.raises(
+        rt.RunError, match=r"--local-num-envs 2 on 1 rank\(s\) changes the checkpoint's num_envs 8; omit"
+    ):
+        rt.resume(single_run(tmp_path), Args(resume=str(tmp_path)))
 
 
 def test_wandb_continues_the_checkpoints_run(tmp_path, monkeypatch):
