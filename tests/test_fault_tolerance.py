@@ -110,6 +110,7 @@ def case(script: Script, *values, name: str = "") -> pytest.param:
 # The scripts that run SIGTERM and --resume (their own state), and those whose resume is exact (their envs pickle)
 SCRIPTS = [case(PPO), case(CONTINUOUS), case(ATARI), case(DQN)]
 EXACT = (PPO, CONTINUOUS)
+OTHER_WORLD_SIZES = {PPO: (1, 4)}  # where a stopped 2-rank run is also resumed (default: one rank)
 
 
 def load(path) -> dict:
@@ -217,6 +218,7 @@ def test_sigterm_then_resume_finishes_and_equals_the_uninterrupted_run(tmp_path,
     finishes the run with every TensorBoard step once. Where each rank's envs are checkpointed (EXACT), the
     resumed run ends bit for bit as the same run without the stop: weights, Adam's moments, every rank's RNG
     streams and envs (and the continuous script's statistics). Restoring only the weights fails this.
+    The same checkpoint also resumes on one rank (and on 4 for ppo_multigpu) with its global batch and schedules.
     (W&B continuing the same run on resume: tests/test_runtime.py.)"""
     iterations = 40
     steps_per_iter = 2 * script.local_steps
@@ -238,6 +240,9 @@ def test_sigterm_then_resume_finishes_and_equals_the_uninterrupted_run(tmp_path,
     assert ckpt["iteration"] == stopped_at < iterations
     assert ckpt["global_step"] == stopped_step == stopped_at * steps_per_iter
 
+    for world_size in OTHER_WORLD_SIZES.get(script, (1,)):  # a requeue onto fewer or more GPUs
+        shutil.copytree(run_dir, tmp_path / f"on-{world_size}" / run_dir.name)
+
     # only --resume: the other flags (env, budget, sizes, ...) come from the checkpoint
     resumed = launch(script.name, ["--resume", run_dir], nproc=2, timeout=180)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
@@ -252,6 +257,23 @@ def test_sigterm_then_resume_finishes_and_equals_the_uninterrupted_run(tmp_path,
         for key in ("agent", "optimizer", "rng", "obs_stats", "return_stats"):
             if key in expected:
                 assert_same_bits(final[key], expected[key], key)
+
+    # The same checkpoint at other world sizes: the per-rank flags are derived again from the global sizes,
+    # so the global envs and batch, the schedules and the global step continue, every step logged once.
+    for world_size in OTHER_WORLD_SIZES.get(script, (1,)):
+        other = tmp_path / f"on-{world_size}" / run_dir.name
+        flags = ["--resume", other, "--sync-check-every", 1]  # replicas compared after every iteration
+        resumed = launch(script.name, flags, nproc=0 if world_size == 1 else world_size, timeout=180)
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        assert f"world size 2 -> {world_size}: global sizes kept" in resumed.stdout
+        on_other = load(other / "checkpoint.pt")
+        assert on_other["world_size"] == world_size and global_sizes(on_other) == global_sizes(final)
+        num_envs = final["sizes"]["num_envs"]
+        assert on_other["args"]["local_num_envs"] == num_envs // world_size
+        if script in EXACT:  # every env went on from where it stopped, on the rank that steps it now
+            assert [len(state[0]) for state in on_other["rank_state"]] == [num_envs // world_size] * world_size
+        assert on_other["global_step"] == iterations * steps_per_iter
+        assert_steps_complete(other, iterations, script)
 
 
 def test_sigusr1_to_a_plain_python_run_exits_75(tmp_path):
@@ -314,12 +336,25 @@ def test_bad_checkpoint_is_one_line_and_left_untouched(tmp_path, finished_runs, 
     assert sha256(ckpt) == before and sorted(os.listdir(run_dir)) == ["checkpoint.pt"]
 
 
-def test_resume_with_another_world_size_is_refused(tmp_path, finished_runs):
+def global_sizes(ckpt: dict) -> dict:
+    """The sizes a change of world size keeps: all but the per-rank ones."""
+    return {k: v for k, v in ckpt["sizes"].items() if not k.startswith("local_") and k != "world_size"}
+
+
+@pytest.mark.parametrize(
+    "nproc, flags, pattern",
+    [
+        (3, (), r"the checkpoint's num_envs 4 cannot be split evenly over 3 ranks; .*world sizes: 1, 2, 4$"),
+        (0, ("--local-num-envs", 3), r"--local-num-envs 3 on 1 rank\(s\) changes the checkpoint's num_envs 4; omit it"),
+    ],
+    ids=["does-not-divide", "other-local-num-envs"],
+)
+def test_resume_that_cannot_keep_the_global_batch_is_one_line(tmp_path, finished_runs, nproc, flags, pattern):
     run_dir = tmp_path / "run"
     shutil.copytree(finished_runs(PPO), run_dir)
     before = sha256(run_dir / "checkpoint.pt")
-    proc = launch(PPO.name, [*PPO.args(6, tmp_path, nproc=0), "--resume", run_dir], nproc=0, timeout=120)
-    assert_one_line_error(proc, r"written with world size 2 .*relaunch with 2 processes", PPO.name)
+    proc = launch(PPO.name, ["--resume", run_dir, *flags], nproc=nproc, timeout=120)
+    assert_one_line_error(proc, pattern, PPO.name)
     assert sha256(run_dir / "checkpoint.pt") == before
 
 
