@@ -16,6 +16,8 @@ import re
 import resource
 import shutil
 import signal
+import socket
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +28,7 @@ from helpers import (
     assert_one_line_error,
     child_pids,
     finish,
+    free_port,
     launch,
     only_run_dir,
     read_scalars,
@@ -174,6 +177,51 @@ def test_sigkill_of_a_worker_restarts_and_finishes_exactly(tmp_path):
     run_dir = only_run_dir(tmp_path)  # the restart found the same run directory
     assert load(run_dir / "checkpoint.pt")["global_step"] == iterations * 2 * PPO.local_steps
     assert len(list(run_dir.glob("events.out.tfevents.*"))) == 2  # one per attempt
+    assert_steps_complete(run_dir, iterations, PPO)
+
+
+def elastic_agent(runs_dir, iterations, port) -> subprocess.Popen:
+    """One torchrun agent that plays a node of an elastic job of 1 to 2 nodes (one worker each)."""
+    torchrun_args = ["--nnodes=1:2", "--nproc_per_node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}"]
+    torchrun_args += ["--rdzv-id=elastic-test", "--max-restarts=3", "--monitor-interval=0.2"]
+    # once one node is there, wait 1 s (not 30) for more; a node silent for 5 s (not 15) is gone
+    torchrun_args += ["--rdzv-conf=last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=5"]
+    flags = PPO.args(iterations, runs_dir, "--checkpoint-every", 1)
+    return start(PPO.name, flags, torchrun_args=torchrun_args, env=ELASTIC_ENV)
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def checkpoint_world_size(runs_dir) -> int:
+    path = first_checkpoint(runs_dir)
+    return load(path)["world_size"] if path else 0
+
+
+def test_elastic_job_that_loses_a_node_finishes_on_the_other(tmp_path):
+    """Two torchrun agents on one machine play two nodes (`--nnodes=1:2`, c10d rendezvous) of a job at world
+    size 2, two envs each. Agent B and its worker are SIGKILLed after the first checkpoint: A's worker loses its
+    peer (exit 4), A's agent restarts it, and it resumes at world size 1 with all 4 envs and finishes at exactly
+    the requested global step, every TensorBoard step once. (A node that joins restarts the workers the same way,
+    through a SIGTERM checkpoint: docs/runtime.md.)"""
+    iterations, port = 40, free_port()
+    agent_a = elastic_agent(tmp_path, iterations, port)
+    wait_until(lambda: listening(port), 60, agent_a, "A's rendezvous store")  # A hosts it: the node that stays
+    agent_b = elastic_agent(tmp_path, iterations, port)
+    wait_until(lambda: checkpoint_world_size(tmp_path) == 2, 120, agent_a, "a checkpoint at world size 2")
+    for pid in [*child_pids(agent_b.pid), agent_b.pid]:  # the node dies: its agent and its worker
+        os.kill(pid, signal.SIGKILL)
+    result, lost = finish(agent_a, 120), finish(agent_b, 30)
+    output = result.stdout + result.stderr + lost.stdout + lost.stderr
+    assert result.returncode == 0, output
+    assert "world size 2 -> 1: global sizes kept" in result.stdout, output
+    assert re.search(r"rank \d lost contact with the other ranks", result.stderr), output
+    run_dir = only_run_dir(tmp_path)
+    final = load(run_dir / "checkpoint.pt")
+    assert final["world_size"] == 1 and final["args"]["local_num_envs"] == final["sizes"]["num_envs"] == 4
+    assert final["global_step"] == iterations * 2 * PPO.local_steps
     assert_steps_complete(run_dir, iterations, PPO)
 
 
