@@ -19,7 +19,15 @@ gradient all-reduce, which only `--grad-sync flat` times apart (DDP overlaps it 
 
 The env-only ceiling steps the same vector env (built by the script's own `make_env`) with random
 actions, one process per rank with the same env count, threads and cores: no network, no learning.
-It is measured in the same invocation, so a loaded machine depresses both alike.
+It is measured in the same invocation, so a loaded machine depresses both alike, and each row gives
+its share of it.
+
+`--profile` adds, for each world size and each Atari PPO script measured, the time split of one rank's
+iteration (env step, policy step, host<->device copies, bookkeeping, update; benchmark/profile_rollout.py)
+next to that run's SPS and ceiling:
+
+    python -m benchmark.throughput --world-sizes 1 --local-num-envs 8 --profile \
+        --compare cleanrl_ddp/ppo_atari_async_multigpu.py
 """
 
 import argparse
@@ -42,6 +50,7 @@ from benchmark.events import read_scalar_events
 from benchmark.harness import portable, run_command
 
 SPS_TAG = "charts/SPS"
+CEILING = "env-only ceiling (random actions)"
 
 
 def steady_sps(events: list[tuple[float, int, float]], warmup: int) -> float:
@@ -169,20 +178,28 @@ def weak_scaling(rows: list[dict]) -> None:
         r["efficiency"] = r["sps"] / (r["world_size"] * base[r["name"]]) if r["name"] in base else np.nan
 
 
+def ceiling_shares(rows: list[dict]) -> None:
+    """Adds each row's share of the env-only ceiling measured at its world size (nan where none was measured)."""
+    ceiling = {r["world_size"]: r["sps"] for r in rows if r["name"] == CEILING}
+    for r in rows:
+        r["ceiling_share"] = r["sps"] / ceiling[r["world_size"]] if r["world_size"] in ceiling else np.nan
+
+
 def markdown(rows: list[dict]) -> str:
     def pct(x):
         return "" if np.isnan(x) else f"{100 * x:.0f}%"
 
     lines = [
         "| world size | cores | variant | global SPS (steady, median) | weak-scaling efficiency "
-        "| update share of time | flat all-reduce share of update | runs |",
-        "|---|---|---|---|---|---|---|---|",
+        "| update share of time | flat all-reduce share of update | share of env-only ceiling | runs |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         cores = f"{r['cores']}" + (" (oversubscribed)" if r["cores"] < r["world_size"] else "")
         lines.append(
             f"| {r['world_size']} | {cores} | {r['name']} | {r['sps']:.0f} | {pct(r['efficiency'])} "
-            f"| {pct(r['update_share'])} | {pct(r['sync_share'])} | {', '.join(f'{s:.0f}' for s in r['all'])} |"
+            f"| {pct(r['update_share'])} | {pct(r['sync_share'])} | {pct(r['ceiling_share'])} "
+            f"| {', '.join(f'{s:.0f}' for s in r['all'])} |"
         )
     return "\n".join(lines)
 
@@ -197,7 +214,7 @@ def plot(rows: list[dict], title: str, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for name in dict.fromkeys(r["name"] for r in rows):
         pts = sorted((r["world_size"], r["sps"]) for r in rows if r["name"] == name)
-        ceiling = name.startswith("env-only")
+        ceiling = name == CEILING
         ax.plot([ws for ws, _ in pts], [s for _, s in pts], "--" if ceiling else "-", marker="o", label=name)
         if not ceiling and pts[0][0] == 1 and name == rows[0]["name"]:
             sizes = [ws for ws, _ in pts]
@@ -248,6 +265,12 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--ceiling-steps", type=int, default=1000, help="vector-env steps per process (0 = skip)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds one run may take")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also split one rank's iteration into env step, policy step, copies, update (Atari PPO scripts)",
+    )
+    parser.add_argument("--profile-iterations", type=int, default=3, help="profiled iterations, after one warm-up")
     parser.add_argument("--out", type=Path, help="also write DIR/throughput.md and DIR/sps_vs_world_size.png")
     parser.add_argument("extra", nargs="*", help="more flags for the script, after `--`")
     args = parser.parse_args(argv)
@@ -262,7 +285,7 @@ def main(argv=None) -> int:
         f"after {args.warmup} logged; median of {args.repeats}",
     ]
     print("\n".join(header), flush=True)
-    rows, commands = [], {}
+    rows, commands, profiles = [], {}, []
     for ws in args.world_sizes:
         cores = rank_cores(ws, args.cores_per_rank)
         num_cores = len(cores or os.sched_getaffinity(0))
@@ -284,13 +307,23 @@ def main(argv=None) -> int:
         if args.ceiling_steps:
             ceiling = env_ceiling(args.script, args.env_id, ws, args.local_num_envs, args.ceiling_steps, cores)
             rows.append(
-                dict(world_size=ws, cores=num_cores, name="env-only ceiling (random actions)", sps=ceiling)
+                dict(world_size=ws, cores=num_cores, name=CEILING, sps=ceiling)
                 | dict(all=[ceiling], update_share=np.nan, sync_share=np.nan)
             )
             print(f"  ws={ws} env-only ceiling: {ceiling:.0f} steps/s", flush=True)
+        if args.profile:
+            profiles += profile_configuration(args, variants, ws, cores, rows)
     weak_scaling(rows)
+    ceiling_shares(rows)
 
     table = markdown(rows)
+    if profiles:
+        from benchmark import profile_rollout  # imports torch: only when profiling
+
+        table += (
+            "\n\nOne rank's iteration, profiled alone on its share of the cores (seconds per iteration, share):\n\n"
+        )
+        table += profile_rollout.markdown(profiles)
     command_lines = [f"# ws={ws} {name}: {cmd}" for (ws, name), cmd in commands.items()]
     print(f"\n{table}\n\n" + "\n".join(command_lines))
     if args.out:
@@ -306,6 +339,26 @@ def main(argv=None) -> int:
         plot(rows, title, args.out / "sps_vs_world_size.png")
         print(f"wrote {args.out / 'throughput.md'} and {args.out / 'sps_vs_world_size.png'}")
     return 0
+
+
+def profile_configuration(args, variants, ws: int, cores, rows: list[dict]) -> list[dict]:
+    """The profile of one rank of each script measured at world size `ws`, with that run's SPS and ceiling."""
+    from benchmark import profile_rollout  # imports torch: only when profiling
+
+    default = next((name for name, flags in variants if not flags), None)  # the profile runs the defaults
+    ceiling = next((r["sps"] for r in rows if r["world_size"] == ws and r["name"] == CEILING), np.nan)
+    profiles = []
+    for script, name in [(args.script, default), *((s, Path(s).name) for s in args.compare)]:
+        n, steps, iterations = args.local_num_envs, args.num_steps, args.profile_iterations
+        result = profile_rollout.profile_rank(script, args.env_id, ws, n, steps, iterations, cores)
+        if result is None:
+            print(f"  ws={ws} {Path(script).name}: not profiled (not an Atari PPO script)", flush=True)
+            continue
+        real = next((r["sps"] for r in rows if r["world_size"] == ws and r["name"] == name), np.nan)
+        profiles.append(dict(world_size=ws, script=Path(script).name, num_envs=n, real_sps=real, ceiling=ceiling))
+        profiles[-1] |= result
+        print(f"  ws={ws} {Path(script).name}: profiled rank {result['sps']:.0f} steps/s", flush=True)
+    return profiles
 
 
 def torch_version() -> str:

@@ -1,13 +1,19 @@
-"""benchmark/throughput.py: the steady-state rate skips warm-up, variants parse, the ceiling runs, time shares
-and weak scaling are computed as documented, and a tiny real run writes the table and the plot."""
+"""benchmark/throughput.py: the steady-state rate skips warm-up, variants parse, the ceiling runs, time shares,
+weak scaling and shares of the ceiling are computed as documented, a tiny real run writes the table and the
+plot; benchmark/profile_rollout.py splits a rank's iteration into parts that add up to its wall time, and
+`--profile` puts that split next to the same invocation's SPS and ceiling."""
 
 import argparse
 import os
 
 import numpy as np
 import pytest
+import torch
 
+from benchmark.profile_rollout import PARTS, is_profilable, profile_iterations
 from benchmark.throughput import (
+    CEILING,
+    ceiling_shares,
     env_ceiling,
     main,
     parse_variant,
@@ -84,3 +90,58 @@ def test_a_tiny_real_run_writes_the_table_and_the_plot(tmp_path):
         "\n# ws=2 flat: torchrun --standalone --nproc_per_node=2 cleanrl_ddp/ppo_multigpu.py --grad-sync flat" in table
     )
     assert (out / "sps_vs_world_size.png").stat().st_size > 1000
+
+
+def test_each_row_is_a_share_of_its_own_world_sizes_ceiling():
+    rows = [dict(world_size=1, name="default", sps=100.0), dict(world_size=1, name=CEILING, sps=400.0)]
+    rows += [dict(world_size=2, name="default", sps=150.0), dict(world_size=2, name=CEILING, sps=1000.0)]
+    rows += [dict(world_size=3, name="default", sps=150.0)]  # no ceiling measured (--ceiling-steps 0)
+    ceiling_shares(rows)
+    assert [r["ceiling_share"] for r in rows[:4]] == [0.25, 1.0, 0.15, 1.0] and np.isnan(rows[4]["ceiling_share"])
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread, as a rank on one core has (two OpenMP threads crawl on a shared 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("script", ["ppo_atari_multigpu", "ppo_atari_async_multigpu"])
+def test_profile_parts_add_up_to_the_iterations_wall_time(script, one_thread):
+    # one warm-up iteration left out, one timed: 2 envs (two halves of 1 in the async variant) x 8 steps
+    result = profile_iterations(f"cleanrl_ddp.{script}", "breakout", 2, 8, iterations=1, warmup=1)
+    seconds, total = result["seconds"], result["total"]
+    assert set(seconds) == set(PARTS)
+    assert all(seconds[part] > 0 for part in ("env", "policy", "copies", "bookkeeping", "update")), seconds
+    timed = sum(seconds[part] for part in PARTS if part != "other")
+    assert timed <= total and seconds["other"] == pytest.approx(total - timed)  # nothing counted twice
+    assert result["sps"] == pytest.approx(2 * 8 / total)
+
+
+def test_only_scripts_with_the_rollout_pieces_are_profiled():
+    assert is_profilable("cleanrl_ddp/ppo_atari_multigpu.py") and is_profilable(
+        "cleanrl_ddp/ppo_atari_async_multigpu.py"
+    )
+    assert not is_profilable("cleanrl_ddp/ppo_multigpu.py")
+    assert not is_profilable("benchmark/cleanrl_style_ppo_atari.py")  # read, not imported: it trains at import
+
+
+def test_profile_mode_puts_the_split_next_to_the_runs_sps_and_ceiling(capsys):
+    argv = ["--script", "cleanrl_ddp/ppo_atari_multigpu.py", "--env-id", "breakout", "--world-sizes", "1"]
+    argv += ["--local-num-envs", "2", "--num-steps", "16", "--iterations", "3", "--warmup", "1", "--repeats", "1"]
+    argv += ["--ceiling-steps", "20", "--profile", "--profile-iterations", "1", "--cores-per-rank", "1"]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    run_row = next(line for line in lines if line.startswith("| 1 | ") and "| default |" in line).split("|")
+    ceiling_row = next(line for line in lines if line.startswith("| 1 | ") and f"| {CEILING} |" in line).split("|")
+    profile_row = next(line for line in lines if line.startswith("| 1 | ppo_atari_multigpu.py | 2 |")).split("|")
+    sps, ceiling = float(run_row[4]), float(ceiling_row[4])
+    assert run_row[8].strip() == f"{100 * sps / ceiling:.0f}%"
+    assert float(profile_row[5].replace(",", "")) == round(sps) and float(profile_row[6].replace(",", "")) == round(
+        ceiling
+    )
+    shares = [int(cell.split("(")[1].rstrip("%) ")) for cell in profile_row[9:15]]  # env ... other
+    assert 97 <= sum(shares) <= 103, profile_row  # rounded shares of one total

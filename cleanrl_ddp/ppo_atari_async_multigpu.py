@@ -1,0 +1,610 @@
+"""PPO on Atari (Nature CNN), data-parallel, with the emulator overlapped with the network (two env halves).
+
+Docs: docs/ppo_atari_async_multigpu.md. A variant of ppo_atari_multigpu.py: the same algorithm, flags,
+sizes, seeds and checkpoints, and the same rollout buffer, filled in another order. Launch it the same ways:
+
+    python cleanrl_ddp/ppo_atari_async_multigpu.py                                    # 1 process
+    torchrun --standalone --nproc_per_node=2 cleanrl_ddp/ppo_atari_async_multigpu.py  # 2 processes, one machine
+    torchrun --nnodes=2 --nproc_per_node=8 --node_rank=$NODE_RANK \\
+        --master_addr=HOST --master_port=29500 cleanrl_ddp/ppo_atari_async_multigpu.py  # 2 nodes x 8 processes
+    srun --ntasks=16 --ntasks-per-node=8 python cleanrl_ddp/ppo_atari_async_multigpu.py  # SLURM (benchmark/slurm/)
+
+Every rank splits its `--local-num-envs` games into two halves, each an ALE C++ vector env of its own.
+`send` hands one half's actions to its emulator threads and returns at once, so the policy picks the
+other half's actions while that half steps; `recv` then takes the results in. Each env still takes
+its steps in order, and every step lands in the same [num_steps, local_num_envs] slot as in the
+synchronous script. Gradients are averaged across ranks each minibatch (DDP, or one flattened
+all-reduce with `--grad-sync flat`). Run plumbing lives in cleanrl_ddp/runtime.py.
+"""
+
+import os
+import re
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+import ale_py
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.optim as optim
+import tyro
+from ale_py.vector_env import AtariVectorEnv
+from torch.distributions.categorical import Categorical
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from cleanrl_ddp import runtime as rt
+
+SCRIPT = os.path.basename(__file__)[: -len(".py")]
+
+
+@dataclass
+class Args(rt.RunArgs):
+    exp_name: str = SCRIPT
+    """the name of this experiment (part of the run name)"""
+    seed: int = 1
+    """seed of the experiment; rank r's envs and sampling streams are derived from it"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled and CUDA is available, train on `cuda:{local_rank}`"""
+
+    # Algorithm specific arguments
+    env_id: str = "BreakoutNoFrameskip-v4"
+    """the Atari game: `BreakoutNoFrameskip-v4`, `ALE/Breakout-v5` or an ALE ROM name such as `breakout`"""
+    repeat_action_probability: Optional[float] = None
+    """sticky actions; default 0.25 for `ALE/*-v5` ids (Machado et al., 2018), else 0.0 (the v4 protocol)"""
+    total_timesteps: int = 10000000
+    """agent steps of the whole run, summed over all ranks (x4 for emulator frames)"""
+    learning_rate: float = 2.5e-4
+    """the learning rate of the optimizer"""
+    local_num_envs: int = 4
+    """the number of parallel environments on each rank, stepped as two halves (at least 2)"""
+    num_steps: int = 128
+    """the number of steps each environment runs per rollout"""
+    anneal_lr: bool = True
+    """toggle learning rate annealing"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    gae_lambda: float = 0.95
+    """the lambda for the general advantage estimation"""
+    num_minibatches: int = 4
+    """the number of minibatches per epoch (the same on every rank)"""
+    update_epochs: int = 4
+    """the K epochs to update the policy"""
+    norm_adv: bool = True
+    """toggle advantage normalisation (statistics of the global minibatch, over all ranks)"""
+    clip_coef: float = 0.1
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = True
+    """toggle the clipped value loss"""
+    ent_coef: float = 0.01
+    """coefficient of the entropy bonus"""
+    vf_coef: float = 0.5
+    """coefficient of the value loss"""
+    max_grad_norm: float = 0.5
+    """the maximum norm for gradient clipping (of the averaged gradient)"""
+    target_kl: Optional[float] = None
+    """stop the epochs early when the KL averaged across ranks exceeds this"""
+    eval_episodes: int = 10
+    """whole games (all lives) per evaluation, one per env of rank 0's separate evaluation vector env"""
+    eval_greedy: bool = False
+    """if toggled, evaluation takes the likeliest action; default samples (greedy can stall a game: no FIRE)"""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """`bf16`: the network under bfloat16 autocast (changes numerics); for GPUs and CPUs with AMX or AVX512-BF16"""
+    channels_last: bool = True
+    """store conv weights and activations channels-last (NHWC): faster convolutions, same math"""
+    grad_sync: Literal["ddp", "flat"] = "ddp"
+    """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
+
+
+def derive_sizes(args: Args, world_size: int) -> dict:
+    """Global and per-rank sizes from the flags and the world size; raises RunError (a ValueError) on bad input."""
+    for name in ("local_num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps"):
+        if getattr(args, name) < 1:
+            raise rt.RunError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.local_num_envs < 2:
+        raise rt.RunError(f"--local-num-envs must be at least 2 (two halves of envs), got {args.local_num_envs}")
+    local_batch_size = args.local_num_envs * args.num_steps
+    if local_batch_size % args.num_minibatches != 0:
+        raise rt.RunError(
+            f"the local batch (--local-num-envs {args.local_num_envs} x --num-steps {args.num_steps} = "
+            f"{local_batch_size}) does not divide into --num-minibatches {args.num_minibatches}"
+        )
+    batch_size = local_batch_size * world_size
+    num_iterations = args.total_timesteps // batch_size
+    if num_iterations < 1:
+        raise rt.RunError(
+            f"--total-timesteps {args.total_timesteps} is smaller than one iteration's global batch "
+            f"({world_size} ranks x {args.local_num_envs} envs x {args.num_steps} steps = {batch_size})"
+        )
+    return dict(
+        world_size=world_size,
+        num_envs=args.local_num_envs * world_size,
+        local_batch_size=local_batch_size,
+        batch_size=batch_size,
+        local_minibatch_size=local_batch_size // args.num_minibatches,
+        minibatch_size=batch_size // args.num_minibatches,
+        num_iterations=num_iterations,
+    )
+
+
+def ale_game(env_id: str) -> str:
+    """The ALE ROM name for `BreakoutNoFrameskip-v4`, `ALE/Breakout-v5`, `Breakout` or `breakout`."""
+    name = re.sub(r"(NoFrameskip|Deterministic)?-v[0-9]+$", "", env_id.removeprefix("ALE/"))
+    game = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()  # MsPacman -> ms_pacman
+    if game not in ale_py.roms.get_all_rom_ids():
+        raise rt.RunError(
+            f"unknown --env-id {env_id!r}: not an ALE game; try BreakoutNoFrameskip-v4, ALE/Pong-v5 or "
+            f"space_invaders (one of {len(ale_py.roms.get_all_rom_ids())} ROMs in ale_py.roms.get_all_rom_ids())"
+        )
+    return game
+
+
+def sticky_action_probability(args: Args) -> float:
+    if args.repeat_action_probability is not None:
+        return args.repeat_action_probability
+    return 0.25 if args.env_id.startswith("ALE/") and args.env_id.endswith("-v5") else 0.0
+
+
+def make_env(env_id: str, num_envs: int, num_threads: int = 1, repeat_action_probability: float = 0.0):
+    """`num_envs` games in ALE's C++ vector env, with the DeepMind preprocessing done in C++.
+
+    Life losses end an episode for learning (`terminated` is set; `life_loss_info`), but the game
+    goes on; rewards come back unclipped so that the script can log whole-game scores (it clips them
+    itself for learning). Autoreset happens within the same step, like gymnasium's SAME_STEP mode.
+    """
+    return AtariVectorEnv(
+        ale_game(env_id),
+        num_envs,
+        num_threads=num_threads,
+        repeat_action_probability=repeat_action_probability,
+        noop_max=30,
+        frameskip=4,
+        maxpool=True,
+        img_height=84,
+        img_width=84,
+        grayscale=True,
+        stack_num=4,
+        use_fire_reset=True,
+        episodic_life=False,  # ALE 0.12's episodic_life restarts the whole game at each life loss
+        life_loss_info=True,
+        reward_clipping=False,
+        max_num_frames_per_episode=108000,
+        autoreset_mode="SameStep",
+    )
+
+
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    """The Nature-DQN CNN (Mnih et al., 2015) with a policy head and a value head."""
+
+    def __init__(self, n_actions: int):
+        super().__init__()
+        self.network = nn.Sequential(
+            layer_init(nn.Conv2d(4, 32, 8, stride=4)), nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(),
+            nn.Flatten(), layer_init(nn.Linear(64 * 7 * 7, 512)), nn.ReLU(),
+        )  # fmt: skip
+        self.actor = layer_init(nn.Linear(512, n_actions), std=0.01)
+        self.critic = layer_init(nn.Linear(512, 1), std=1)
+
+    def hidden(self, x):
+        # uint8 frames in, scaled here so that the rollout buffer stays uint8 (4x less memory and copying);
+        # uint8 * float gives float32 in one pass, in the memory format of the frames
+        channels_last = self.network[0].weight.is_contiguous(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+        return self.network(x * (1.0 / 255.0))  # a no-op `contiguous` for minibatches of the NHWC buffer
+
+    def get_value(self, x):
+        return self.critic(self.hidden(x)).float()
+
+    def get_action_and_value(self, x, action=None):
+        hidden = self.hidden(x)
+        # under bf16 autocast the layers run in bf16; the softmax, log-probs and losses run in float32
+        logits = self.actor(hidden).float()
+        probs = Categorical(logits=logits, validate_args=False)
+        if action is None:
+            action = probs.sample()
+        return action, probs.log_prob(action), probs.entropy(), self.critic(hidden).float()
+
+    def forward(self, x, action):
+        # The loss goes through `forward` so that a DDP wrapper sees it and averages the gradients;
+        # rollout inference calls `get_action_and_value` on the unwrapped agent (no DDP hooks).
+        return self.get_action_and_value(x, action)
+
+
+def main() -> None:
+    args = tyro.cli(Args)
+    run = rt.start(args, SCRIPT, use_cuda=args.cuda and torch.cuda.is_available())
+    args, ckpt = rt.resume(run, args, required=("agent", "optimizer", "agent_kwargs"))
+    rank, world_size, device = run.rank, run.world_size, run.device
+    ale_game(args.env_id)  # an unknown game: one line
+    if not 0.0 <= sticky_action_probability(args) <= 1.0:
+        raise rt.RunError("--repeat-action-probability must be between 0 and 1")
+    sizes = derive_sizes(args, world_size)
+    start_iteration = ckpt["iteration"] + 1 if ckpt else 1
+    global_step = ckpt["global_step"] if ckpt else 0
+
+    # CRUCIAL: every rank starts from the same weights, but steps its own envs with its own seeds and
+    # samples actions from its own stream. Env seeds are global env indices (disjoint across ranks).
+    rt.seed_everything(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    n, cols = args.local_num_envs, halves(args.local_num_envs)
+    # one vector env per half: ALE's own async mode (batch_size < num_envs) mixes the halves (see the docs);
+    # each half's C++ threads get the rank's share of its cores, as torch's threads do (they overlap)
+    half_sizes = [c.stop - c.start for c in cols]
+    envs = [
+        make_env(args.env_id, k, min(torch.get_num_threads(), k), sticky_action_probability(args)) for k in half_sizes
+    ]
+    agent_kwargs = dict(n_actions=int(envs[0].single_action_space.n))  # saved for cleanrl_ddp/evaluate.py
+    memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
+    agent = Agent(**agent_kwargs).to(device, memory_format=memory_format)
+    if world_size > 1:
+        for tensor in agent.state_dict().values():  # identical start whichever --grad-sync is used
+            dist.broadcast(tensor, src=0)
+    # fused: one kernel for all parameters instead of a dozen passes over 1.7M of them (9x faster on CPU)
+    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
+    if ckpt:
+        agent.load_state_dict(ckpt["agent"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        rt.resume_rng(run, ckpt, args.seed)  # each rank's own streams; at another world size, new ones
+    model = DDP(agent) if world_size > 1 and args.grad_sync == "ddp" else agent
+    eval_envs = make_eval_envs(args, args.eval_episodes, rt.video_dir(run)) if run.is_main and args.eval_every else None
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.precision == "bf16" else nullcontext()
+
+    # A resumed run seeds its envs past the seeds earlier attempts used (env state is not checkpointed).
+    env_seed0 = args.seed + rank * args.local_num_envs + (start_iteration - 1) * sizes["num_envs"]
+    seeds = np.arange(env_seed0, env_seed0 + n)  # env i gets the seed it gets in the synchronous script
+    resets = [envs[h].reset(seed=seeds[c]) for h, c in enumerate(cols)]
+    prev_lives = [info["lives"] for _, info in resets]
+    game_return = [np.zeros(k) for k in half_sizes]  # the game in progress (all lives), per half
+    game_length = [np.zeros(k, dtype=np.int64) for k in half_sizes]
+
+    # ALGO Logic: Storage setup. Frames stay uint8 (the network scales them), stored height x width x stack
+    # (NHWC): a minibatch gathered from the buffer is already channels-last. Rewards and dones stay on the
+    # host (page-locked on CUDA) and cross to the device once per rollout; frames cross each step through a
+    # staging buffer of their own shape, one per half.
+    stack, height, width = envs[0].single_observation_space.shape
+    obs = torch.zeros((args.num_steps, n, height, width, stack), dtype=torch.uint8, device=device)
+    actions = torch.zeros((args.num_steps, n), dtype=torch.long, device=device)
+    logprobs = torch.zeros((args.num_steps, n), device=device)
+    values = torch.zeros((args.num_steps, n), device=device)
+    host_rewards = torch.zeros((args.num_steps, n), pin_memory=run.pin)
+    host_dones = torch.zeros((args.num_steps + 1, n), pin_memory=run.pin)  # last row: next_done
+    staging = [staging_buffer(e, run.pin) for e in envs]
+    next_obs = [to_device(frames, staging[h], device, run.pin) for h, (frames, _) in enumerate(resets)]
+    num_iterations, preempted = sizes["num_iterations"], False
+    rt.open_logs(run, sizes, ckpt)  # TensorBoard (W&B) and the sizes table; the SPS clock starts here
+
+    for iteration in range(start_iteration, num_iterations + 1):
+        rollout_start = time.perf_counter()
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / num_iterations
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+        episodes = np.zeros(3)  # whole games ended this iteration: sum of scores, sum of lengths, count
+        host_dones[0] = host_dones[-1]
+        # Half-steps: half h takes step `step` at half-step 2 * step + h, and its results are taken in one
+        # half-step later, so the policy picks one half's actions while the emulator steps the other half.
+        for i in range(2 * args.num_steps + 1):
+            h, step = i % 2, i // 2
+            if step < args.num_steps:
+                global_step += world_size * half_sizes[h]  # global: all ranks step at once
+                obs[step, cols[h]] = next_obs[h].permute(0, 2, 3, 1)  # a copy: `staging` is reused below
+
+                # ALGO LOGIC: action logic (unwrapped agent: inference must not go through DDP)
+                with torch.no_grad(), autocast:
+                    action, logprob, _, value = agent.get_action_and_value(next_obs[h])
+                values[step, cols[h]] = value.flatten()
+                actions[step, cols[h]] = action
+                logprobs[step, cols[h]] = logprob
+                envs[h].send(action.cpu().numpy())  # returns at once; the half steps in the emulator's threads
+
+            if i > 0:  # take in the half sent one half-step ago: it stepped while these actions were picked
+                h, step = (i - 1) % 2, (i - 1) // 2
+                # TRY NOT TO MODIFY: execute the game and log data.
+                frames, reward, terminations, truncations, info = envs[h].recv()
+                # A life loss ends the episode for learning (no bootstrapping through it, as in DeepMind's
+                # protocol); only a game over ends the logged episode, whose return is the game's score.
+                host_dones[step + 1, cols[h]] = torch.from_numpy(terminations | truncations)
+                host_rewards[step, cols[h]] = torch.from_numpy(clip_reward(reward))
+                game_return[h] += reward
+                game_length[h] += 1
+                over = game_over(terminations, truncations, info["lives"], prev_lives[h])
+                prev_lives[h] = info["lives"]
+                episodes += (game_return[h][over].sum(), game_length[h][over].sum(), over.sum())
+                game_return[h][over], game_length[h][over] = 0, 0
+                next_obs[h] = to_device(frames, staging[h], device, run.pin)
+
+        rewards = host_rewards.to(device, non_blocking=run.pin)
+        all_dones = host_dones.to(device, non_blocking=run.pin)
+        dones, next_done = all_dones[:-1], all_dones[-1]
+        update_start = time.perf_counter()
+        grad_sync_seconds = 0.0
+        # bootstrap value if not done
+        with torch.no_grad():
+            with autocast:
+                next_value = agent.get_value(torch.cat(next_obs)).reshape(1, -1)
+            advantages, returns = compute_gae(
+                rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda
+            )
+
+        # flatten the batch
+        b_obs = obs.reshape(-1, height, width, stack).permute(0, 3, 1, 2)  # NCHW view, channels-last strides
+        b_logprobs = logprobs.reshape(-1)
+        b_actions = actions.reshape(-1)
+        b_advantages = advantages.reshape(-1)
+        b_returns = returns.reshape(-1)
+        b_values = values.reshape(-1)
+        batch = (b_obs, b_actions, b_logprobs, b_advantages, b_returns, b_values)  # ppo_loss's order
+
+        # Optimizing the policy and value network. Every rank runs the same number of minibatches:
+        # each minibatch's backward issues the same all-reduces everywhere.
+        local_batch_size, local_minibatch_size = sizes["local_batch_size"], sizes["local_minibatch_size"]
+        loss_sums, num_updates = {}, 0
+        for _epoch in range(args.update_epochs):
+            b_inds = torch.randperm(local_batch_size, device=device)
+            for start in range(0, local_batch_size, local_minibatch_size):
+                mb_inds = b_inds[start : start + local_minibatch_size]
+                with autocast:
+                    loss, mb_stats = ppo_loss(model, *(b[mb_inds] for b in batch), args, world_size)
+                optimizer.zero_grad(set_to_none=False)
+                loss.backward()
+                if world_size > 1 and args.grad_sync == "flat":
+                    sync_start = time.perf_counter()
+                    all_reduce_gradients_flat(list(agent.parameters()), world_size)
+                    grad_sync_seconds += time.perf_counter() - sync_start
+                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                optimizer.step()
+                loss_sums = {k: loss_sums.get(k, 0) + v for k, v in mb_stats.items()}
+                num_updates += 1
+
+            if args.target_kl is not None:
+                # CRUCIAL: decide from the KL averaged over ranks, so every rank stops after the same epoch
+                kl = mb_stats["approx_kl"].clone()
+                if world_size > 1:
+                    dist.all_reduce(kl)
+                if kl.item() / world_size > args.target_kl:
+                    break
+        update_seconds = time.perf_counter() - update_start
+
+        # Metrics of ALL ranks, by name in one all-reduce: losses averaged over ranks, whole games summed,
+        # explained variance from the global batch's sums.
+        y, d = b_returns, b_returns - b_values
+        m = rt.all_sum(
+            run,
+            {f"losses/{k}": v / num_updates / world_size for k, v in loss_sums.items()}
+            | dict(y=y.sum(), y2=(y * y).sum(), d=d.sum(), d2=(d * d).sum())
+            | dict(ep_return=episodes[0], ep_length=episodes[1], ep_count=episodes[2]),
+        )
+        var_y = m.pop("y2") / sizes["batch_size"] - (m.pop("y") / sizes["batch_size"]) ** 2
+        var_diff = m.pop("d2") / sizes["batch_size"] - (m.pop("d") / sizes["batch_size"]) ** 2
+        perf = {"perf/rollout_seconds": update_start - rollout_start, "perf/update_seconds": update_seconds}
+        if world_size > 1 and args.grad_sync == "flat":
+            perf["perf/grad_sync_seconds"] = grad_sync_seconds
+        scalars = {
+            "charts/learning_rate": optimizer.param_groups[0]["lr"],
+            "losses/explained_variance": np.nan if var_y == 0 else 1 - var_diff / var_y,
+            "charts/updates_per_iteration": num_updates,
+            **{k: v for k, v in m.items() if k.startswith("losses/")},
+            **perf,  # rank 0's own wall time of this iteration's parts (waits for other ranks included)
+        }
+        rt.log(run, global_step, scalars, (m["ep_return"], m["ep_length"], m["ep_count"]))
+        if args.sync_check_every and iteration % args.sync_check_every == 0:
+            rt.check_replicas_in_sync(f"iteration {iteration}", world_size, agent, optimizer)
+
+        # Evaluation on rank 0; the stop decision is broadcast, so all ranks stop together.
+        reached = False
+        if rt.steps_crossed(global_step - sizes["batch_size"], global_step, args.eval_every):
+            with rt.off_the_clock(run):
+                video = f"eval-step{global_step}" if args.capture_video else None
+                seed = args.seed + 10**9 + global_step  # seeds no training env uses
+                result = (
+                    evaluate(agent, eval_envs, args, args.eval_greedy, seed, device, video) if run.is_main else None
+                )
+                reached = rt.log_evaluation(run, result, global_step)
+
+        preempted = rt.preempted(run)  # a SIGTERM/SIGUSR1 on any rank stops every rank here
+        last = iteration == num_iterations or preempted or reached
+        if last or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
+            # no rank_state: ALE's C++ vector env cannot be pickled (a resumed run reseeds its envs, above)
+            state = dict(agent=agent.state_dict(), agent_kwargs=agent_kwargs, optimizer=optimizer.state_dict())
+            rt.save_checkpoint(run, iteration, global_step, None, **state)
+        if preempted or reached:
+            break
+
+    rt.finish(run, global_step, preempted, *envs, eval_envs)
+
+
+# ALGO LOGIC: pure functions, imported by the tests
+def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
+    """Generalised advantage estimation over a [num_steps, num_envs] rollout; returns (advantages, returns).
+
+    `dones[t]` is 1 when `obs[t]` starts a new episode (CleanRL's convention), `next_done` likewise
+    for the observation after the rollout.
+    """
+    num_steps = rewards.shape[0]
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = 0
+    for t in reversed(range(num_steps)):
+        if t == num_steps - 1:
+            nextnonterminal = 1.0 - next_done
+            nextvalues = next_value
+        else:
+            nextnonterminal = 1.0 - dones[t + 1]
+            nextvalues = values[t + 1]
+        delta = rewards[t] + gamma * nextvalues * nextnonterminal - values[t]
+        advantages[t] = lastgaelam = delta + gamma * gae_lambda * nextnonterminal * lastgaelam
+    return advantages, advantages + values
+
+
+def normalize_advantages(adv: torch.Tensor, world_size: int) -> torch.Tensor:
+    """Normalise with the mean and (unbiased) std of the *global* minibatch, all ranks together.
+
+    One all-reduce of (sum, sum of squares, count) in float64, so that a 2-rank update equals the
+    single-process update on the union of the two local minibatches.
+    """
+    a = adv.double()
+    stats = torch.stack([a.sum(), (a * a).sum(), torch.tensor(float(a.numel()), dtype=a.dtype, device=a.device)])
+    if world_size > 1:
+        dist.all_reduce(stats)
+    total, total_sq, n = stats.unbind()
+    mean = total / n
+    var = (total_sq - n * mean * mean) / (n - 1)
+    return ((adv - mean.float()) / (var.clamp_min(0).sqrt().float() + 1e-8)).to(adv.dtype)
+
+
+def ppo_loss(model, mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values, args: Args, world_size):
+    """The clipped PPO loss of one local minibatch, and its named stats (detached).
+
+    `model` is the DDP-wrapped agent (or the plain agent with world size 1 or `--grad-sync flat`).
+    """
+    _, newlogprob, entropy, newvalue = model(mb_obs, mb_actions)
+    logratio = newlogprob - mb_logprobs
+    ratio = logratio.exp()
+    with torch.no_grad():
+        # calculate approx_kl http://joschu.net/blog/kl-approx.html
+        old_approx_kl = (-logratio).mean()
+        approx_kl = ((ratio - 1) - logratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
+
+    if args.norm_adv:
+        mb_advantages = normalize_advantages(mb_advantages, world_size)
+
+    # Policy loss
+    pg_loss1 = -mb_advantages * ratio
+    pg_loss2 = -mb_advantages * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)
+    pg_loss = torch.max(pg_loss1, pg_loss2).mean()
+
+    # Value loss
+    newvalue = newvalue.view(-1)
+    if args.clip_vloss:
+        v_loss_unclipped = (newvalue - mb_returns) ** 2
+        v_clipped = mb_values + torch.clamp(newvalue - mb_values, -args.clip_coef, args.clip_coef)
+        v_loss_clipped = (v_clipped - mb_returns) ** 2
+        v_loss = 0.5 * torch.max(v_loss_unclipped, v_loss_clipped).mean()
+    else:
+        v_loss = 0.5 * ((newvalue - mb_returns) ** 2).mean()
+
+    entropy_loss = entropy.mean()
+    loss = pg_loss - args.ent_coef * entropy_loss + v_loss * args.vf_coef
+    stats = dict(policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
+    stats.update(old_approx_kl=old_approx_kl, approx_kl=approx_kl, clipfrac=clipfrac)
+    return loss, {k: v.detach() for k, v in stats.items()}
+
+
+def all_reduce_gradients_flat(params, world_size: int) -> None:
+    """Average gradients across ranks with one all-reduce of one flat buffer (instead of DDP).
+
+    After cswinter's batched scheme (entity-neural-network/incubator#220), used by CleanRL.
+    """
+    grads = [p.grad for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= world_size
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def clip_reward(reward: np.ndarray) -> np.ndarray:
+    """DeepMind reward clipping: the sign of the game reward (-1, 0, 1)."""
+    return np.sign(reward).astype(np.float32)
+
+
+def game_over(terminations, truncations, lives, prev_lives):
+    """Which envs finished a whole game this step (not just lost a life).
+
+    With life_loss_info every life loss sets `terminated`, but only a game over resets the game, and
+    with same-step autoreset `info["lives"]` then already shows the new game's (full) lives.
+    """
+    return truncations | (terminations & (lives >= prev_lives))
+
+
+def halves(num_envs: int) -> tuple[slice, slice]:
+    """The columns of the rank's envs (and of the rollout buffer) that each half steps: first half, second half."""
+    return slice(0, num_envs // 2), slice(num_envs // 2, num_envs)
+
+
+# Frames to the device: through a pinned staging buffer on CUDA, the same lines on CPU
+def staging_buffer(envs, pin: bool) -> torch.Tensor:
+    """A host buffer shaped like the env's frames, [envs, 4, 84, 84] uint8 (NCHW, not the rollout buffer's
+    NHWC rows), page-locked with `pin` so that `to_device` copies asynchronously."""
+    return torch.empty((envs.num_envs, *envs.single_observation_space.shape), dtype=torch.uint8, pin_memory=pin)
+
+
+def to_device(frames: np.ndarray, staging: torch.Tensor, device, non_blocking: bool) -> torch.Tensor:
+    """The env's frames on `device`, through `staging`. On CPU the result IS `staging` (no second copy):
+    it holds these frames until the next call. On CUDA the copy may still run when this returns; the
+    rollout's `action.cpu()` waits for it before the next call overwrites `staging`."""
+    staging.numpy()[:] = frames
+    return staging.to(device, non_blocking=non_blocking)
+
+
+# Evaluation on rank 0, in envs of its own: the interface every script offers (cleanrl_ddp/evaluate.py uses it)
+def make_eval_envs(args: Args, num_envs: int, video_dir: Optional[str] = None) -> AtariVectorEnv:
+    """Evaluation games: `make_env`'s preprocessing and the run's sticky actions, in a vector env of their own.
+
+    ALE's vector env cannot render, so `evaluate` writes env 0's frames to {video_dir}/{video_name}.mp4 itself.
+    """
+    envs = make_env(args.env_id, num_envs, min(torch.get_num_threads(), num_envs), sticky_action_probability(args))
+    envs.video_dir = video_dir  # where `evaluate` writes videos (None: it records none)
+    return envs
+
+
+def load_agent(ckpt: dict, device) -> Agent:
+    agent = Agent(**ckpt["agent_kwargs"]).to(device)
+    agent.load_state_dict(ckpt["agent"])
+    return agent
+
+
+def evaluate(agent, eval_envs, args: Args, greedy: bool, seed: int, device, video_name: Optional[str] = None):
+    """Play one whole game (all lives) in each env of `eval_envs`; returns (returns, lengths, video). Rank 0 only.
+
+    Returns are unclipped game scores, like `charts/episodic_return`. `greedy` takes the argmax action,
+    otherwise actions are sampled from a generator of their own, so that evaluating never moves the
+    training sampling stream. With `video_name` (and envs from `make_eval_envs(..., video_dir)`) env 0's
+    game is written as {video_dir}/{video_name}.mp4, one frame per agent step (the newest 84x84 frame of
+    each observation), and `video` is dict(path, frames [T, H, W, 3] uint8, fps); otherwise it is None.
+    """
+    episodes = eval_envs.num_envs
+    generator = torch.Generator(device=device).manual_seed(seed)
+    obs, info = eval_envs.reset(seed=np.arange(seed, seed + episodes, dtype=np.int64))
+    prev_lives = info["lives"]
+    frames = [obs[0, -1]] if video_name is not None else None  # the first frame, before any action
+    returns, lengths = np.zeros(episodes), np.zeros(episodes, dtype=np.int64)
+    running = np.ones(episodes, dtype=bool)
+    while running.any():
+        with torch.no_grad():
+            logits = agent.actor(agent.hidden(torch.as_tensor(obs, device=device))).float()
+            if greedy:
+                action = logits.argmax(dim=1)
+            else:
+                action = torch.multinomial(logits.softmax(dim=1), 1, generator=generator).squeeze(1)
+        obs, reward, terminations, truncations, info = eval_envs.step(action.cpu().numpy())
+        over = game_over(terminations, truncations, info["lives"], prev_lives)
+        prev_lives = info["lives"]
+        returns += reward * running
+        lengths += running
+        if frames is not None and running[0] and not over[0]:  # at a game over, obs is the next game's (autoreset)
+            frames.append(obs[0, -1])
+        running &= ~over  # later games of a finished env are ignored
+    # 60 emulator frames per second, 4 per agent step: 15 frames per second is real time
+    video = rt.write_video(frames, eval_envs.video_dir, video_name, fps=15) if frames is not None else None
+    return returns, lengths, video
+
+
+if __name__ == "__main__":
+    with rt.exit_codes(SCRIPT):
+        main()
