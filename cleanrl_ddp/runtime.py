@@ -143,20 +143,42 @@ def launch_id() -> str:
     return str(int(time.time()))
 
 
+def torchrun_nnodes() -> str:
+    """The `--nnodes` of the torchrun agent that started this worker ("" if unknown): torchrun does not tell its
+    workers whether the job is elastic (`--nnodes=MIN:MAX`), so it is read from the agent's command line."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return ""
+    try:
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+            argv = f.read().decode(errors="replace").split("\0")
+    except OSError:  # not Linux: the --max-restarts checks still apply
+        return ""
+    for flag, value in zip(argv, argv[1:] + [""], strict=True):
+        if flag == "--nnodes":
+            return value
+        if flag.startswith("--nnodes="):
+            return flag.removeprefix("--nnodes=")
+    return ""
+
+
 def check_elastic_restarts(run_name: Optional[str]) -> None:
-    """Under torchrun --max-restarts, refuse launches whose restarted workers could not continue the run."""
-    if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", 0)) == 0:
+    """Refuse torchrun launches whose restarted workers could not continue the run: restarts after a failure
+    (`--max-restarts`), and an elastic job's restarts when a node joins or leaves (`--nnodes=MIN:MAX`)."""
+    restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", 0)) > 0
+    elastic = ":" in torchrun_nnodes()
+    if not (restarts or elastic):
         return
+    what = "torchrun --nnodes=MIN:MAX" if elastic else "torchrun --max-restarts"
     # torchrun shares one TCPStore across restarts (torch >= 2.4, and always with the static rendezvous):
     # restarted workers read the previous attempt's addresses and fail to connect (pytorch#135712).
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         raise RunError(
-            "torchrun --max-restarts needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 exported and the c10d rendezvous "
+            f"{what} needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 exported and the c10d rendezvous "
             "(--standalone, or --rdzv-backend=c10d): otherwise restarted workers fail to connect (pytorch#135712)"
         )
     stable_id = os.environ.get("TORCHELASTIC_RUN_ID", "none") not in ("", "none") or "SLURM_JOB_ID" in os.environ
     if not stable_id and run_name is None:  # launch_id() would be a time stamp: a restart starts a new run
-        raise RunError("torchrun --max-restarts needs a run name that survives restarts: pass --rdzv-id=JOB_ID")
+        raise RunError(f"{what} needs a run name that survives restarts: pass --rdzv-id=JOB_ID")
 
 
 def check_run_flags(args: RunArgs) -> None:

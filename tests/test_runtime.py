@@ -99,6 +99,22 @@ def test_elastic_restart_guard(launch_env):
     rt.check_elastic_restarts("named")
     launch_env.setenv("TORCHELASTIC_RUN_ID", "job-5")
     rt.check_elastic_restarts(None)
+    launch_env.setenv("TORCHELASTIC_MAX_RESTARTS", "0")  # an elastic job restarts its workers all the same
+    launch_env.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    rt.check_elastic_restarts(None)
+    launch_env.setattr(rt, "torchrun_nnodes", lambda: "1:2")
+    with pytest.raises(rt.RunError, match=r"^torchrun --nnodes=MIN:MAX needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"):
+        rt.check_elastic_restarts(None)
+
+
+@pytest.mark.parametrize("agent_args", [["--nnodes=1:2"], ["--nnodes", "1:2"], ["--standalone"]])
+def test_torchrun_nnodes_is_read_from_the_agents_command_line(agent_args):
+    code = "from cleanrl_ddp import runtime as rt; print(repr(rt.torchrun_nnodes()))"
+    # bash plays the agent: the parent whose command line holds torchrun's flags (`; true`: bash must not exec)
+    env = {**os.environ, "TORCHELASTIC_RUN_ID": "job", "PYTHONPATH": str(REPO)}
+    agent = ["bash", "-c", f"{sys.executable} -c '{code}'; true", *agent_args]
+    out = subprocess.run(agent, capture_output=True, text=True, env=env, timeout=60).stdout.strip()
+    assert out == ("''" if agent_args == ["--standalone"] else "'1:2'"), out
 
 
 @pytest.mark.parametrize(
