@@ -18,6 +18,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import (
+    REPO,
     assert_one_line_error,
     child_pids,
     finish,
@@ -36,6 +38,7 @@ from helpers import (
     wait_until,
 )
 
+PIPES = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 ELASTIC_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # see docs/runtime.md, elastic restarts
 
 
@@ -221,6 +224,45 @@ def test_elastic_job_that_loses_a_node_finishes_on_the_other(tmp_path):
     run_dir = only_run_dir(tmp_path)
     final = load(run_dir / "checkpoint.pt")
     assert final["world_size"] == 1 and final["args"]["local_num_envs"] == final["sizes"]["num_envs"] == 4
+    assert final["global_step"] == iterations * 2 * PPO.local_steps
+    assert_steps_complete(run_dir, iterations, PPO)
+
+
+def requeue_attempt(tmp_path, job_id: int, ntasks: int, restart: int, flags) -> subprocess.Popen:
+    """One attempt of benchmark/slurm/requeue.sbatch as SLURM starts it, with its variables; this machine has no
+    SLURM, so `srun` and `scontrol` are stand-ins (tests/slurm_standins: tasks on this machine, requeues logged)."""
+    path = f"{REPO / 'tests' / 'slurm_standins'}:{Path(sys.executable).parent}:{os.environ['PATH']}"
+    env = {**os.environ, "PATH": path, "PYTHONUNBUFFERED": "1", "SCRIPT": f"cleanrl_ddp/{PPO.name}"}
+    env |= dict(SLURM_JOB_ID=str(job_id), SLURM_NTASKS=str(ntasks), SLURM_RESTART_COUNT=str(restart))
+    env |= dict(SLURM_JOB_NODELIST="localhost", SCONTROL_LOG=str(tmp_path / "scontrol.log"))
+    command = ["bash", str(REPO / "benchmark" / "slurm" / "requeue.sbatch"), *map(str, flags)]
+    return subprocess.Popen(command, cwd=REPO, env=env, text=True, start_new_session=True, **PIPES)
+
+
+def test_slurm_job_requeued_onto_fewer_tasks_resumes_with_the_same_global_batch(tmp_path):
+    """requeue.sbatch: SIGUSR1 before the time limit stops both tasks with a checkpoint (exit 75) and the job
+    requeues itself; the requeued job gets 1 task instead of 2, finds its run by the job id and finishes with
+    the same global envs, batch and schedule, at exactly the requested global step."""
+    iterations, job_id = 40, 20000 + os.getpid() % 20000  # the job id also sets MASTER_PORT
+    flags = PPO.args(iterations, tmp_path / "runs", "--checkpoint-every", 1)  # 2 tasks x 2 envs
+    first = requeue_attempt(tmp_path, job_id, 2, 0, flags)
+    wait_until(lambda: first_checkpoint(tmp_path / "runs"), 120, first, "first checkpoint")
+    tasks = [pid for srun in child_pids(first.pid) for pid in child_pids(srun)]
+    assert len(tasks) == 2, tasks
+    for pid in tasks:  # what SLURM's --signal=USR1@90 does 90 s before the time limit
+        os.kill(pid, signal.SIGUSR1)
+    result = finish(first, 120)
+    assert result.returncode == 75, result.stdout + result.stderr
+    assert (tmp_path / "scontrol.log").read_text() == f"requeue {job_id}\n"
+
+    result = finish(requeue_attempt(tmp_path, job_id, 1, 1, flags), 180)  # SLURM found one free task
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "world size 2 -> 1: global sizes kept" in result.stdout
+    assert (tmp_path / "scontrol.log").read_text() == f"requeue {job_id}\n"  # finished: no second requeue
+    run_dir = only_run_dir(tmp_path / "runs")
+    assert run_dir.name.endswith(f"__slurm{job_id}")
+    final = load(run_dir / "checkpoint.pt")
+    assert final["world_size"] == 1 and final["sizes"]["num_envs"] == 4
     assert final["global_step"] == iterations * 2 * PPO.local_steps
     assert_steps_complete(run_dir, iterations, PPO)
 
