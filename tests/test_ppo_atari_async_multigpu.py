@@ -1,6 +1,7 @@
 """ppo_atari_async_multigpu.py: its overlapped rollout fills the same buffer as the synchronous script's
 (both real `main()`s, same seeds, a deterministic policy), and a real 2-rank torchrun run trains and checkpoints."""
 
+import os
 import signal
 import sys
 
@@ -56,9 +57,12 @@ def rollouts_of(module, monkeypatch, tmp_path, argv) -> list[dict]:
     monkeypatch.setattr(torch, "randperm", lambda n, device=None: torch.arange(n, device=device))
     monkeypatch.setattr(sys, "argv", [module.__file__, *argv, "--runs-dir", str(tmp_path), "--run-name", "run"])
     handlers, threads = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}, torch.get_num_threads()
+    cores = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, [min(cores)])  # one core, so one torch thread: two crawl on a shared 2-core machine
     try:
         module.main()
     finally:  # main() installs its preemption handlers and sets torch's threads; give this process its own back
+        os.sched_setaffinity(0, cores)
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
         torch.set_num_threads(threads)

@@ -18,7 +18,13 @@ from helpers import REPO, read_scalars
 
 from cleanrl_ddp import runtime as rt
 
-SCRIPTS = ["ppo_multigpu", "ppo_atari_multigpu", "ppo_continuous_action_multigpu", "dqn_atari_multigpu"]
+SCRIPTS = [
+    "ppo_multigpu",
+    "ppo_atari_multigpu",
+    "ppo_atari_async_multigpu",
+    "ppo_continuous_action_multigpu",
+    "dqn_atari_multigpu",
+]
 
 
 @dataclass
