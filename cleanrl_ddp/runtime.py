@@ -143,13 +143,14 @@ def launch_id() -> str:
     return str(int(time.time()))
 
 
-def torchrun_nnodes() -> str:
-    """The `--nnodes` of the torchrun agent that started this worker ("" if unknown): torchrun does not tell its
-    workers whether the job is elastic (`--nnodes=MIN:MAX`), so it is read from the agent's command line."""
+def torchrun_nnodes(agent_pid: Optional[int] = None) -> str:
+    """The `--nnodes` of the torchrun agent (default: the parent) that started this worker ("" if unknown):
+    torchrun does not tell its workers whether the job is elastic (`--nnodes=MIN:MAX`), so it is read from
+    the agent's command line."""
     if "TORCHELASTIC_RUN_ID" not in os.environ:
         return ""
     try:
-        with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+        with open(f"/proc/{agent_pid or os.getppid()}/cmdline", "rb") as f:
             argv = f.read().decode(errors="replace").split("\0")
     except OSError:  # not Linux: the --max-restarts checks still apply
         return ""

@@ -114,13 +114,14 @@ def test_elastic_restart_guard(launch_env):
 
 
 @pytest.mark.parametrize("agent_args", [["--nnodes=1:2"], ["--nnodes", "1:2"], ["--standalone"]])
-def test_torchrun_nnodes_is_read_from_the_agents_command_line(agent_args):
-    code = "from cleanrl_ddp import runtime as rt; print(repr(rt.torchrun_nnodes()))"
-    # bash plays the agent: the parent whose command line holds torchrun's flags (`; true`: bash must not exec)
-    env = {**os.environ, "TORCHELASTIC_RUN_ID": "job", "PYTHONPATH": str(REPO)}
-    agent = ["bash", "-c", f"{sys.executable} -c '{code}'; true", *agent_args]
-    out = subprocess.run(agent, capture_output=True, text=True, env=env, timeout=60).stdout.strip()
-    assert out == ("''" if agent_args == ["--standalone"] else "'1:2'"), out
+def test_torchrun_nnodes_is_read_from_the_agents_command_line(launch_env, agent_args):
+    launch_env.setenv("TORCHELASTIC_RUN_ID", "job")
+    agent = subprocess.Popen(["bash", "-c", "sleep 60; true", *agent_args])  # plays the agent, its flags unread
+    try:
+        assert rt.torchrun_nnodes(agent.pid) == ("" if agent_args == ["--standalone"] else "1:2")
+    finally:
+        agent.kill()
+        agent.wait()
 
 
 @pytest.mark.parametrize(
