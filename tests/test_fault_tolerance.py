@@ -183,13 +183,13 @@ def test_sigkill_of_a_worker_restarts_and_finishes_exactly(tmp_path):
     assert_steps_complete(run_dir, iterations, PPO)
 
 
-def elastic_agent(runs_dir, iterations, port) -> subprocess.Popen:
+def elastic_agent(runs_dir, iterations, port, *extra) -> subprocess.Popen:
     """One torchrun agent that plays a node of an elastic job of 1 to 2 nodes (one worker each)."""
     torchrun_args = ["--nnodes=1:2", "--nproc_per_node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}"]
     torchrun_args += ["--rdzv-id=elastic-test", "--max-restarts=3", "--monitor-interval=0.2"]
     # once one node is there, wait 1 s (not 30) for more; a node silent for 5 s (not 15) is gone
     torchrun_args += ["--rdzv-conf=last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=5"]
-    flags = PPO.args(iterations, runs_dir, "--checkpoint-every", 1)
+    flags = PPO.args(iterations, runs_dir, "--checkpoint-every", 1, *extra)
     return start(PPO.name, flags, torchrun_args=torchrun_args, env=ELASTIC_ENV)
 
 
@@ -203,29 +203,44 @@ def checkpoint_world_size(runs_dir) -> int:
     return load(path)["world_size"] if path else 0
 
 
-def test_elastic_job_that_loses_a_node_finishes_on_the_other(tmp_path):
-    """Two torchrun agents on one machine play two nodes (`--nnodes=1:2`, c10d rendezvous) of a job at world
-    size 2, two envs each. Agent B and its worker are SIGKILLed after the first checkpoint: A's worker loses its
-    peer (exit 4), A's agent restarts it, and it resumes at world size 1 with all 4 envs and finishes at exactly
-    the requested global step, every TensorBoard step once. (A node that joins restarts the workers the same way,
-    through a SIGTERM checkpoint: docs/runtime.md.)"""
-    iterations, port = 40, free_port()
-    agent_a = elastic_agent(tmp_path, iterations, port)
+def signal_pending(pid: int, signum: int) -> bool:
+    """Whether `signum` waits to be delivered to process `pid` (a stopped process keeps it pending)."""
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    return bool((int(status["SigPnd"], 16) | int(status["ShdPnd"], 16)) & (1 << (signum - 1)))
+
+
+def test_elastic_job_grows_when_a_node_joins_and_finishes_alone_after_losing_it(tmp_path):
+    """Two torchrun agents on one machine play two nodes (`--nnodes=1:2`, c10d rendezvous).
+    - A starts alone: world size 1, 2 envs.
+    - B joins: A's agent stops its worker with SIGTERM (a checkpoint, exit 75), and both agents start workers at
+      world size 2, one env each, which resume from it, the replicas compared after every iteration. (A's worker
+      is paused from its first checkpoint until that SIGTERM waits, so the run cannot end before B has joined.)
+    - B and its worker are SIGKILLed after a checkpoint at world size 2: A's worker loses its peer (exit 4), A's
+      agent restarts it, and it resumes at world size 1 with both envs.
+    The job finishes with exit 0 at exactly the requested global step, every TensorBoard step once."""
+    iterations, port = 30, free_port()  # iterations of 32 global steps: the batch of 2 envs x 16 steps
+    agent_a = elastic_agent(tmp_path, iterations // 2, port, "--sync-check-every", 1)
     wait_until(lambda: listening(port), 60, agent_a, "A's rendezvous store")  # A hosts it: the node that stays
-    agent_b = elastic_agent(tmp_path, iterations, port)
+    wait_until(lambda: checkpoint_world_size(tmp_path) == 1, 120, agent_a, "a checkpoint at world size 1")
+    (worker,) = child_pids(agent_a.pid)
+    os.kill(worker, signal.SIGSTOP)
+    agent_b = elastic_agent(tmp_path, iterations // 2, port, "--sync-check-every", 1)
+    wait_until(lambda: signal_pending(worker, signal.SIGTERM), 120, agent_b, "A's agent to stop its worker")
+    os.kill(worker, signal.SIGCONT)
     wait_until(lambda: checkpoint_world_size(tmp_path) == 2, 120, agent_a, "a checkpoint at world size 2")
     for pid in [*child_pids(agent_b.pid), agent_b.pid]:  # the node dies: its agent and its worker
         os.kill(pid, signal.SIGKILL)
     result, lost = finish(agent_a, 120), finish(agent_b, 30)
     output = result.stdout + result.stderr + lost.stdout + lost.stderr
     assert result.returncode == 0, output
-    assert "world size 2 -> 1: global sizes kept" in result.stdout, output
-    assert re.search(r"rank \d lost contact with the other ranks", result.stderr), output
+    assert re.search(r"preempted by a signal at global step \d+", output), output
+    assert "world size 1 -> 2: global sizes kept" in output and "world size 2 -> 1: global sizes kept" in output
+    assert re.search(r"rank \d lost contact with the other ranks", output), output
     run_dir = only_run_dir(tmp_path)
     final = load(run_dir / "checkpoint.pt")
-    assert final["world_size"] == 1 and final["args"]["local_num_envs"] == final["sizes"]["num_envs"] == 4
-    assert final["global_step"] == iterations * 2 * PPO.local_steps
-    assert_steps_complete(run_dir, iterations, PPO)
+    assert final["world_size"] == 1 and final["args"]["local_num_envs"] == final["sizes"]["num_envs"] == 2
+    assert final["global_step"] == iterations * PPO.local_steps
+    assert_steps_complete(run_dir, iterations, PPO, nproc=1)
 
 
 def requeue_attempt(tmp_path, job_id: int, ntasks: int, restart: int, flags) -> subprocess.Popen:
