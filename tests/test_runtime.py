@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from helpers import REPO, read_scalars
+from helpers import REPO, read_scalars, wait_until
 
 from cleanrl_ddp import runtime as rt
 
@@ -118,6 +118,7 @@ def test_torchrun_nnodes_is_read_from_the_agents_command_line(launch_env, agent_
     launch_env.setenv("TORCHELASTIC_RUN_ID", "job")
     agent = subprocess.Popen(["bash", "-c", "sleep 60; true", *agent_args])  # plays the agent, its flags unread
     try:
+        wait_until(lambda: Path(f"/proc/{agent.pid}/cmdline").read_bytes().startswith(b"bash"), 30)  # exec'd
         assert rt.torchrun_nnodes(agent.pid) == ("" if agent_args == ["--standalone"] else "1:2")
     finally:
         agent.kill()
