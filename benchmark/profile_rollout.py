@@ -73,7 +73,8 @@ def profile_iterations(module_name: str, env_id: str, num_envs: int, num_steps: 
     seeds = np.arange(args.seed, args.seed + num_envs)
     resets = [e.reset(seed=seeds[g]) for e, g in zip(envs, groups, strict=True)]
     prev_lives = [info["lives"] for _, info in resets]
-    agent = module.Agent(int(envs[0].single_action_space.n)).to(device, memory_format=torch.channels_last)
+    memory_format = torch.channels_last if args.channels_last else torch.contiguous_format  # as the script
+    agent = module.Agent(int(envs[0].single_action_space.n)).to(device, memory_format=memory_format)
     optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
 
     stack, height, width = envs[0].single_observation_space.shape
@@ -177,8 +178,10 @@ def profile_rank(script: str, env_id: str, world_size: int, num_envs: int, num_s
     process of its own; None when the script lacks the pieces (not an Atari PPO script)."""
     if not is_profilable(script):
         return None
+    from benchmark.throughput import rank_threads
+
     available = list(cores or sorted(os.sched_getaffinity(0)))
-    threads = max(1, len(available) // world_size)  # as the scripts choose
+    threads = rank_threads(world_size, available)
     module_name = ".".join(Path(script).with_suffix("").parts)
     ctx = mp.get_context("spawn")
     results = ctx.Queue()

@@ -126,6 +126,11 @@ def make_vector_env(module, env_id: str, num_envs: int, num_threads: int):
     return gym.vector.SyncVectorEnv([module.make_env(env_id) for _ in range(num_envs)])
 
 
+def rank_threads(world_size: int, cores=None) -> int:
+    """Threads per rank of a run at `world_size` on `cores` (default: this process's), as the scripts choose."""
+    return max(1, len(cores or os.sched_getaffinity(0)) // world_size)
+
+
 def ceiling_worker(module_name, env_id, num_envs, num_threads, steps, rank, cores, barrier, results):
     if cores:
         os.sched_setaffinity(0, cores)
@@ -146,7 +151,7 @@ def ceiling_worker(module_name, env_id, num_envs, num_threads, steps, rank, core
 def env_ceiling(script, env_id, world_size, num_envs, steps, cores=None) -> float:
     """Global random-action steps/s of `world_size` processes, each with the env setup of one rank."""
     module_name = f"cleanrl_ddp.{Path(script).stem}"
-    num_threads = max(1, len(cores or os.sched_getaffinity(0)) // world_size)  # as the scripts choose
+    num_threads = rank_threads(world_size, cores)
     ctx = mp.get_context("spawn")
     barrier, results = ctx.Barrier(world_size), ctx.Queue()
     procs = [

@@ -520,11 +520,13 @@ def steps_crossed(prev_step: int, global_step: int, every: int) -> int:
 def open_logs(run: Run, sizes: dict, ckpt: Optional[dict]) -> None:
     """Create the run directory, then on rank 0 TensorBoard (and W&B with --track) and the sizes table on stdout."""
     run.sizes = sizes
-    for key in ("num_envs", "batch_size"):  # a resumed run keeps its batch: its envs and schedules depend on it
-        if ckpt and key in sizes and ckpt["sizes"].get(key) != sizes[key]:
-            raise RunError(
-                f"--resume: the checkpoint's {key} is {ckpt['sizes'].get(key)}, not {sizes[key]}: keep its sizes"
-            )
+    # A resumed run keeps its global batch: its schedules depend on it (`resume` already kept the env count;
+    # another --num-steps would still change the batch).
+    if ckpt and ckpt["sizes"].get("batch_size") != sizes.get("batch_size"):
+        saved = ckpt["sizes"].get("batch_size")
+        raise RunError(
+            f"--resume: the checkpoint's batch_size is {saved}, not {sizes.get('batch_size')}: keep its sizes"
+        )
     global_step = ckpt["global_step"] if ckpt else 0
     run.sps_window.append((time.time(), global_step))
     error = None
