@@ -116,6 +116,8 @@ def derive_sizes(args: Args, world_size: int) -> dict:
         raise rt.RunError(
             f"--learning-starts must be at least the number of envs ({num_envs}), got {args.learning_starts}"
         )
+    if not 0 < args.exploration_fraction * args.total_timesteps:  # epsilon decays over this many steps
+        raise rt.RunError(f"--exploration-fraction must be positive, got {args.exploration_fraction}")
     num_iterations = args.total_timesteps // num_envs
     if num_iterations < 1:
         raise rt.RunError(f"--total-timesteps {args.total_timesteps} is smaller than one step of all {num_envs} envs")
@@ -189,6 +191,8 @@ def main() -> None:
     args, ckpt = rt.resume(run, args, required=dqn_state)
     rank, world_size, device = run.rank, run.world_size, run.device
     ale_game(args.env_id)  # raises RunError for an unknown game
+    if not 0.0 <= sticky_action_probability(args) <= 1.0:
+        raise rt.RunError("--repeat-action-probability must be between 0 and 1")
     sizes = derive_sizes(args, world_size)
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = ckpt["global_step"] if ckpt else 0

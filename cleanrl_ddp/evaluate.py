@@ -3,47 +3,81 @@
     python -m cleanrl_ddp.evaluate runs/CartPole-v1__ppo_multigpu__1__1700000000 --episodes 10
     python -m cleanrl_ddp.evaluate runs/.../checkpoint.pt --sample --capture-video
 
-The checkpoint's "script" key names the script module (cleanrl_ddp/<script>.py); this tool uses the
+The checkpoint is loaded as data only (no code in it runs; `--trust-checkpoint` loads the old pickled format,
+and so runs its code). Its "script" key must name a script module of this package (cleanrl_ddp/<script>.py);
+this tool uses the
 evaluation interface every script offers (cleanrl_ddp/runtime.py): `load_agent(ckpt, device)`,
 `make_eval_envs(args, num_envs, video_dir)` and `evaluate(agent, eval_envs, args, greedy, seed, device,
 video_name)`, with the run's own `Args`. Atari episodes are whole games (all lives), scored with the
 game's own points. DQN plays epsilon-greedily: `--greedy` is epsilon 0, `--sample` the run's `--eval-epsilon`.
-Videos (`--capture-video`, needs `pip install -e ".[video]"`) go to RUN_DIR/videos and into RUN_DIR's
-TensorBoard events. Bad input ends with one line `evaluate: error: ...` and exit code 2.
+Nothing is written into the run that is read: videos (`--capture-video`, needs `pip install -e ".[video]"`) go
+to `--out-dir` (default: a new directory `evaluate-<run>-step<N>` under the working directory), never over an
+existing file, and into the run's TensorBoard events only with `--log-to-run`. Bad input ends with one line
+`evaluate: error: ...` and exit code 2.
 """
 
 import argparse
 import importlib
 import os
+import re
 import sys
 from dataclasses import fields
 
 import numpy as np
 import torch
 
-from cleanrl_ddp.runtime import EXIT_BAD_INPUT, log_video
+from cleanrl_ddp.runtime import EXIT_BAD_INPUT, RunError, check_saved_env_id, log_video, read_checkpoint
+
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 class EvalError(Exception):
     """A problem with the user's input, printed as one line."""
 
 
-def load(path: str) -> tuple[dict, str]:
+def package_scripts() -> set:
+    """The training scripts of this package: the modules `cleanrl_ddp/<name>_multigpu.py` present here."""
+    return {name[:-3] for name in os.listdir(PACKAGE_DIR) if re.fullmatch(r"[a-z0-9_]+_multigpu\.py", name)}
+
+
+def load(path: str, trust: bool = False) -> tuple[dict, str]:
     """The checkpoint at `path` (a run directory or a checkpoint file) and its run directory."""
     if os.path.isdir(path):
         path = os.path.join(path, "checkpoint.pt")
     if not os.path.isfile(path):
         raise EvalError(f"no checkpoint at {path}")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # torch raises several error types for truncated or foreign files
-        raise EvalError(f"{path} is truncated or corrupt, or not a torch checkpoint ({type(e).__name__})")
+        ckpt = read_checkpoint(path, trust)
+    except RunError as e:
+        raise EvalError(str(e)) from None
     script = ckpt.get("script") if isinstance(ckpt, dict) else None
     if not isinstance(script, str) or not script.endswith("_multigpu"):
         raise EvalError(f"{path} is not a checkpoint of a cleanrl_ddp script (script: {script!r})")
-    if not os.path.isfile(os.path.join(os.path.dirname(__file__), f"{script}.py")):
+    if script not in package_scripts():  # a name, never a path: "../x_multigpu" is refused
         raise EvalError(f"{path} was written by {script!r}, which is not a script of this cleanrl_ddp")
     return ckpt, os.path.dirname(os.path.abspath(path))
+
+
+def new_out_dir(run_dir: str, global_step: int) -> str:
+    """A directory under the working directory that no earlier evaluation used."""
+    base = f"evaluate-{os.path.basename(run_dir)}-step{global_step}"
+    for n in range(1, 1000):
+        candidate = base if n == 1 else f"{base}-{n}"
+        if not os.path.lexists(candidate):
+            return candidate
+    raise EvalError(f"{base}-1 ... {base}-999 all exist: pass --out-dir")
+
+
+def choose_device(name: str) -> torch.device:
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise EvalError(f"--device {name!r} is not a torch device; try cpu or cuda") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise EvalError(f"--device {name}: CUDA is not available here; use --device cpu")
+    if device.type not in ("cpu", "cuda"):
+        raise EvalError(f"--device {name}: this tool runs on cpu or cuda")
+    return device
 
 
 def main(argv=None) -> int:
@@ -61,20 +95,38 @@ def main(argv=None) -> int:
         help="sample actions from the policy (DQN: the run's --eval-epsilon); default: the run's --eval-greedy",
     )
     parser.add_argument("--seed", type=int, default=12345, help="seed of the evaluation envs and sampling")
-    parser.add_argument("--capture-video", action="store_true", help="record the first episode to RUN_DIR/videos")
+    parser.add_argument("--capture-video", action="store_true", help="record the first episode to --out-dir")
+    parser.add_argument(
+        "--out-dir", help="where videos go (default: a new directory evaluate-<run>-step<N> in the working directory)"
+    )
+    parser.add_argument(
+        "--log-to-run", action="store_true", help="also add the video to the training run's TensorBoard events"
+    )
     parser.add_argument("--device", default="cpu", help="torch device to run the agent on (default: cpu)")
+    parser.add_argument("--env-id", help="the env id, when the checkpoint's has a module prefix (module:Env)")
+    parser.add_argument(
+        "--trust-checkpoint",
+        action="store_true",
+        help="load a checkpoint of the old pickled format: this RUNS ANY CODE the file carries",
+    )
     options = parser.parse_args(argv)
     if options.episodes < 1:
         raise EvalError(f"--episodes must be at least 1, got {options.episodes}")
+    device = choose_device(options.device)
 
-    ckpt, run_dir = load(options.path)
+    ckpt, run_dir = load(options.path, options.trust_checkpoint)
     script = ckpt["script"]
     module = importlib.import_module(f"cleanrl_ddp.{script}")
     if "agent_kwargs" not in ckpt:
         raise EvalError(f"{options.path} has no agent_kwargs (written by an older {script}); it cannot be evaluated")
     saved = {k: v for k, v in ckpt["args"].items() if k in {f.name for f in fields(module.Args)}}
+    try:
+        check_saved_env_id(str(saved.get("env_id")), options.env_id, options.path)
+    except RunError as e:
+        raise EvalError(str(e)) from None
+    if options.env_id is not None and options.env_id != saved.get("env_id"):
+        raise EvalError(f"{options.path} trained {saved.get('env_id')}, not --env-id {options.env_id}")
     args = module.Args(**saved)
-    device = torch.device(options.device)
     agent = module.load_agent(ckpt, device)
     greedy = args.eval_greedy if options.greedy is None else options.greedy  # DQN: sampled = the run's epsilon
     video_dir, video_name = None, None
@@ -83,18 +135,22 @@ def main(argv=None) -> int:
             import moviepy  # noqa: F401
         except ImportError:
             raise EvalError("--capture-video needs moviepy: pip install -e '.[video]'") from None
-        video_dir, video_name = os.path.join(run_dir, "videos"), f"evaluate-step{ckpt['global_step']}"
+        video_dir = options.out_dir or new_out_dir(run_dir, ckpt["global_step"])
+        video_name = f"evaluate-step{ckpt['global_step']}"
+        if os.path.lexists(os.path.join(video_dir, f"{video_name}.mp4")):
+            raise EvalError(f"{os.path.join(video_dir, video_name)}.mp4 exists: pass another --out-dir")
     eval_envs = module.make_eval_envs(args, options.episodes, video_dir)
     try:
         returns, lengths, video = module.evaluate(agent, eval_envs, args, greedy, options.seed, device, video_name)
     finally:
         eval_envs.close()
     if video is not None:
-        from torch.utils.tensorboard import SummaryWriter
+        if options.log_to_run:
+            from torch.utils.tensorboard import SummaryWriter
 
-        writer = SummaryWriter(run_dir)  # next to the run's own events: TensorBoard shows it with the run
-        log_video(writer, video, ckpt["global_step"], track=False)
-        writer.close()
+            writer = SummaryWriter(run_dir)  # next to the run's own events: TensorBoard shows it with the run
+            log_video(writer, video, ckpt["global_step"], track=False)
+            writer.close()
         print(f"video: {video['path']}")
     print(
         f"{script} {args.env_id} at global step {ckpt['global_step']}: return {np.mean(returns):.2f} ± "

@@ -230,10 +230,12 @@ def main() -> None:
     discounted_return = np.zeros(args.local_num_envs)  # per env, for reward scaling (not the episodic return)
     next_done = np.zeros(args.local_num_envs)
     if ckpt:  # every env continues exactly where it was, whichever rank steps it now
-        state = rt.rank_share(run, ckpt)
-        envs.envs, env_dicts, next_raw_obs, next_done, episode_return, episode_length, discounted_return = state
-        for env, env_dict in zip(envs.envs, env_dicts, strict=True):
-            env.unwrapped.__dict__.update(env_dict)  # MuJoCo envs pickle only their constructor's arguments
+        share = rt.rank_share(run, ckpt)
+        if rt.set_env_states(run, envs.envs, share[0] if share else None):
+            next_raw_obs, next_done, episode_return, episode_length, discounted_return = (x.numpy() for x in share[1:])
+        else:  # an env family with no state function: new episodes, from seeds no earlier attempt used
+            seed0 = env_seed0 + (start_iteration - 1) * sizes["num_envs"]
+            next_raw_obs, _ = envs.reset(seed=[seed0 + i for i in range(args.local_num_envs)])
 
     # ALGO Logic: Storage setup
     obs = torch.zeros((args.num_steps, args.local_num_envs) + obs_shape, device=device)  # normalised, as acted on
@@ -393,11 +395,10 @@ def main() -> None:
         preempted = rt.preempted(run)  # a SIGTERM/SIGUSR1 on any rank stops every rank here
         last = iteration == num_iterations or preempted or reached
         if last or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
-            # each rank's envs: MuJoCo envs pickle only their constructor's arguments, so their state
-            # (simulator data, RNG) is saved from the unwrapped envs' attributes
-            env_dicts = [env.unwrapped.__dict__ for env in envs.envs]
-            env_state = (envs.envs, env_dicts, next_raw_obs, next_done.cpu().numpy())
-            rank_state = (*env_state, episode_return, episode_length, discounted_return)
+            # each rank's envs as data (MuJoCo's integration state, RNGs, step counts), never pickled objects
+            env_states = [rt.env_state(env) for env in envs.envs]
+            arrays = (next_raw_obs, next_done.cpu().numpy(), episode_return, episode_length, discounted_return)
+            rank_state = (env_states, *map(torch.from_numpy, arrays))
             state = dict(agent=agent.state_dict(), agent_kwargs=agent_kwargs, optimizer=optimizer.state_dict())
             state |= dict(obs_stats=obs_stats.state_dict(), return_stats=return_stats.state_dict())
             rt.save_checkpoint(run, iteration, global_step, rank_state, **state)

@@ -123,14 +123,20 @@ def make_env(env_id: str, render_mode: Optional[str] = None):
 
 
 def check_env(env_id: str) -> None:
-    """Raise RunError unless `env_id` names a registered env with a discrete action space."""
+    """Raise RunError unless `env_id` names a registered env with a Box observation and a Discrete action space."""
     try:
-        space = make_env(env_id)().action_space
+        env = make_env(env_id)()
     except Exception as e:  # gymnasium raises several error types for unknown or broken ids
         raise rt.RunError(f"unknown --env-id {env_id!r} ({type(e).__name__}); try CartPole-v1 or Acrobot-v1") from None
-    if not isinstance(space, gym.spaces.Discrete):
+    spaces = env.observation_space, env.action_space
+    env.close()
+    if not isinstance(spaces[0], gym.spaces.Box):  # FrozenLake's Discrete, Blackjack's Tuple: not a vector
         raise rt.RunError(
-            f"--env-id {env_id} has a {type(space).__name__} action space; this script needs a Discrete one "
+            f"--env-id {env_id} has a {type(spaces[0]).__name__} observation space; this script needs Box"
+        )
+    if not isinstance(spaces[1], gym.spaces.Discrete):
+        raise rt.RunError(
+            f"--env-id {env_id} has a {type(spaces[1]).__name__} action space; this script needs a Discrete one "
             "(use ppo_continuous_action_multigpu.py for continuous actions)"
         )
 
@@ -206,8 +212,13 @@ def main() -> None:
     next_obs, _ = envs.reset(seed=[env_seed0 + i for i in range(args.local_num_envs)])
     episode_return, episode_length = np.zeros(args.local_num_envs), np.zeros(args.local_num_envs, dtype=np.int64)
     next_done = np.zeros(args.local_num_envs)
-    if ckpt:  # every env continues exactly where it was, whichever rank steps it now (gymnasium envs pickle)
-        envs.envs, next_obs, next_done, episode_return, episode_length = rt.rank_share(run, ckpt)
+    if ckpt:  # every env continues exactly where it was, whichever rank steps it now
+        share = rt.rank_share(run, ckpt)
+        if rt.set_env_states(run, envs.envs, share[0] if share else None):
+            next_obs, next_done, episode_return, episode_length = (x.numpy() for x in share[1:])
+        else:  # an env family with no state function: new episodes, from seeds no earlier attempt used
+            seed0 = env_seed0 + (start_iteration - 1) * sizes["num_envs"]
+            next_obs, _ = envs.reset(seed=[seed0 + i for i in range(args.local_num_envs)])
 
     # ALGO Logic: Storage setup
     obs = torch.zeros((args.num_steps, args.local_num_envs) + envs.single_observation_space.shape, device=device)
@@ -338,7 +349,9 @@ def main() -> None:
         preempted = rt.preempted(run)  # a SIGTERM/SIGUSR1 on any rank stops every rank here
         last = iteration == num_iterations or preempted or reached
         if last or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
-            rank_state = (envs.envs, next_obs.cpu(), next_done.cpu(), episode_return, episode_length)  # this rank's
+            env_states = [rt.env_state(env) for env in envs.envs]  # data (tensors, numbers), never pickled objects
+            episodes_so_far = torch.from_numpy(episode_return), torch.from_numpy(episode_length)
+            rank_state = (env_states, next_obs.cpu(), next_done.cpu(), *episodes_so_far)  # this rank's
             state = dict(agent=agent.state_dict(), agent_kwargs=agent_kwargs, optimizer=optimizer.state_dict())
             rt.save_checkpoint(run, iteration, global_step, rank_state, **state)
         if preempted or reached:

@@ -13,11 +13,15 @@ Every script offers the same evaluation interface, which `cleanrl_ddp/evaluate.p
 """
 
 import io
+import json
 import os
+import pickle
 import random
+import secrets
 import signal
 import sys
 import time
+import zipfile
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
@@ -38,6 +42,12 @@ EXIT_LOST_RANK = 4
 EXIT_PREEMPTED = 75
 """exit code: stopped by SIGTERM/SIGUSR1 after saving a checkpoint; relaunch to resume (EX_TEMPFAIL)"""
 CHECKPOINT_KEYS = ("script", "args", "sizes", "world_size", "iteration", "global_step", "rng", "rank_state")
+VERSIONED = ("torch", "gymnasium", "numpy", "mujoco", "ale-py")
+"""the libraries whose versions a checkpoint records (a file that cannot be read is checked against them)"""
+MAX_DIST_TIMEOUT = 365 * 86400
+"""the longest --dist-timeout (a year): torch.distributed keeps its timeout in milliseconds"""
+EXIT_INTERRUPTED = 130
+"""exit code: a second Ctrl-C stopped the run at once, without a checkpoint (128 + SIGINT)"""
 
 
 class RunError(ValueError):
@@ -82,6 +92,8 @@ class RunArgs:
     """write checkpoint.pt every N iterations (DQN: global steps); 0 = only at the end and when stopped"""
     resume: Optional[str] = None
     """continue from a run directory or a checkpoint.pt file (its flags are the defaults; flags given here win)"""
+    trust_checkpoint: bool = False
+    """load a checkpoint of the old pickled format: this RUNS ANY CODE the file carries; only for files you wrote"""
 
 
 @dataclass
@@ -106,6 +118,7 @@ class Run:
     recent_returns: deque = field(default_factory=lambda: deque(maxlen=100))
     last_print: float = 0.0
     last_line: str = ""  # the newest progress line, not yet printed to a log file
+    new_dir: bool = False  # `open_logs` creates the run directory, exclusively (a new run, not a restart)
 
     @property
     def is_main(self) -> bool:
@@ -134,13 +147,20 @@ def read_launch_env() -> tuple[int, int, int, int]:
 
 
 def launch_id() -> str:
-    """An id that names this launch and survives torchrun elastic restarts and SLURM requeues."""
+    """An id that names this launch and survives torchrun elastic restarts and SLURM requeues.
+
+    torchrun's run id; else the SLURM job and step (`slurm<JOB_ID>.<STEP_ID>`: the runs of one allocation
+    differ by step, a requeued job counts its steps from 0 again); else a time stamp with a random suffix,
+    so that two launches in the same second differ. Rank 0 calls it and broadcasts the run directory, so
+    every rank of a launch agrees.
+    """
     run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
     if run_id not in ("", "none"):
         return run_id
     if "SLURM_JOB_ID" in os.environ:
-        return "slurm" + os.environ["SLURM_JOB_ID"]
-    return str(int(time.time()))
+        step = os.environ.get("SLURM_STEP_ID", "")
+        return f"slurm{os.environ['SLURM_JOB_ID']}" + (f".{step}" if step else "")
+    return f"{int(time.time())}-{secrets.token_hex(3)}"
 
 
 def torchrun_nnodes(agent_pid: Optional[int] = None) -> str:
@@ -198,8 +218,10 @@ def check_run_flags(args: RunArgs) -> None:
             import moviepy  # noqa: F401 (gymnasium's RecordVideo and TensorBoard's add_video use it)
         except ImportError:
             raise RunError("--capture-video needs moviepy: pip install -e '.[video]'") from None
-    if not args.dist_timeout > 0:
-        raise RunError(f"--dist-timeout must be positive (seconds), got {args.dist_timeout}")
+    if not 0 < args.dist_timeout <= MAX_DIST_TIMEOUT:  # inf overflows the process group's timeout
+        raise RunError(
+            f"--dist-timeout must be positive (seconds) and at most {MAX_DIST_TIMEOUT}, got {args.dist_timeout}"
+        )
 
 
 def choose_device(use_cuda: bool, backend: Optional[str], local_rank: int, local_world_size: int, share_gpus: bool):
@@ -218,13 +240,30 @@ def choose_device(use_cuda: bool, backend: Optional[str], local_rank: int, local
     return torch.device("cuda", local_rank % n_gpus), backend
 
 
+def interrupt(run: Run) -> None:
+    """Ctrl-C (SIGINT): the first one is a preemption (a checkpoint at the end of the iteration, exit 75);
+    a second one raises KeyboardInterrupt, which `exit_codes` turns into an immediate exit 130."""
+    if signal.SIGINT in run.signals:
+        raise KeyboardInterrupt
+    run.signals.append(signal.SIGINT)
+    if run.is_main:
+        print(
+            f"\n{run.script}: interrupted: stopping with a checkpoint after this iteration "
+            "(Ctrl-C again to stop at once, losing the work since the last checkpoint)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def start(args: RunArgs, script: str, use_cuda: bool) -> Run:
     """Read the launcher, catch preemption signals, check the run flags, pick the device, join the process group."""
     rank, local_rank, world_size, local_world_size = read_launch_env()
     run = Run(script, args, rank, local_rank, world_size, local_world_size, torch.device("cpu"), None)
-    # Preemption: SIGTERM/SIGUSR1 only record the signal; all ranks vote and stop together (`preempted`).
+    # Preemption: SIGTERM/SIGUSR1 and a first Ctrl-C only record the signal; all ranks vote and stop together
+    # (`preempted`). A second Ctrl-C stops at once.
     for sig in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, lambda signum, frame: run.signals.append(signum))
+    signal.signal(signal.SIGINT, lambda signum, frame: interrupt(run))
     check_run_flags(args)
     check_elastic_restarts(args.run_name)
     run.device, run.backend = choose_device(use_cuda, args.backend, local_rank, local_world_size, args.share_gpus)
@@ -268,16 +307,68 @@ def atomic_save(obj, path: str) -> None:
         os.close(dir_fd)
 
 
-def load_checkpoint(path: str, script: str, required: tuple = ()) -> dict:
+def library_versions() -> dict:
+    """The installed versions of the libraries a checkpoint depends on (None: not installed)."""
+    from importlib import metadata
+
+    versions = {}
+    for name in VERSIONED:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def read_checkpoint(path: str, trust: bool = False) -> dict:
+    """`torch.load` a checkpoint as data only (tensors, numbers, strings, lists, dicts): loading never runs code.
+
+    Raises RunError naming the likely cause: a damaged file (its zip archive is torn), the old pickled format
+    (refused unless `trust`), or an intact file this torch cannot read (another version wrote it).
+    """
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises several error types for truncated, foreign or pickled files
+        error = e
+    try:
+        with zipfile.ZipFile(path) as archive:
+            intact = archive.testzip() is None
+    except (zipfile.BadZipFile, OSError, EOFError):
+        intact = False
+    if not intact:
+        raise RunError(f"{path} is truncated or corrupt (a damaged file: {type(error).__name__}); it was left as it is")
+    if not (isinstance(error, pickle.UnpicklingError) and "Unsupported global" in str(error)):
+        raise RunError(
+            f"{path} is intact but torch {torch.__version__} cannot read it ({type(error).__name__}): most likely "
+            "a version mismatch (written by another torch); it was left as it is"
+        )
+    if not trust:
+        raise RunError(
+            f"{path} holds pickled objects (the old checkpoint format), and loading them would run code the file "
+            "carries: pass --trust-checkpoint to load it anyway, only if you wrote it yourself"
+        )
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)  # --trust-checkpoint: runs the file's code
+    except Exception as e:
+        raise RunError(
+            f"{path} is intact but needs code this installation lacks ({type(e).__name__}: {str(e)[:80]}): a version "
+            f"mismatch with the libraries that wrote it (now {library_versions()}); it was left as it is"
+        ) from None
+    if isinstance(ckpt, dict) and isinstance(ckpt.get("rank_state"), list):
+        ckpt["rank_state"] = [None] * len(ckpt["rank_state"])  # pickled envs: start new episodes instead
+    return ckpt
+
+
+def load_checkpoint(path: str, script: str, required: tuple = (), trust: bool = False) -> dict:
     """Load and validate a checkpoint of `script` holding `required` state; raise RunError with the reason."""
     if os.path.isdir(path):
         path = os.path.join(path, "checkpoint.pt")
     if not os.path.isfile(path):
         raise RunError(f"--resume: no checkpoint at {path}")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # torch raises several error types for truncated or foreign files
-        raise RunError(f"--resume: {path} is truncated or corrupt ({type(e).__name__}); it was left as it is")
+        ckpt = read_checkpoint(path, trust)
+    except RunError as e:
+        raise RunError(f"--resume: {e}") from None
     if not isinstance(ckpt, dict) or ckpt.get("script") != script:
         found = ckpt.get("script") if isinstance(ckpt, dict) else type(ckpt).__name__
         raise RunError(f"--resume: {path} was written by {found!r}, not {script}")
@@ -287,19 +378,144 @@ def load_checkpoint(path: str, script: str, required: tuple = ()) -> dict:
     return ckpt
 
 
+def check_saved_env_id(saved: str, given: str, source: str) -> None:
+    """A checkpoint's env id is data too: `module:Env` would import `module` when the env is made, so it is
+    accepted only when this command line names the same id."""
+    if ":" in saved and saved != given:
+        raise RunError(
+            f"{source} names the env {saved!r}, whose module prefix would import and run {saved.split(':')[0]!r}: "
+            f"pass --env-id {saved} on this command line if you trust it"
+        )
+
+
 def rng_states(device: torch.device) -> dict:
-    states = dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state())
+    """Python's, NumPy's, torch's (and CUDA's) global RNG states, as data (ints, lists and tensors)."""
+    kind, key, pos, has_gauss, gauss = np.random.get_state()
+    numpy = dict(kind=kind, key=torch.from_numpy(key.astype(np.int64)), pos=pos, has_gauss=has_gauss, gauss=gauss)
+    states = dict(python=random.getstate(), numpy=numpy, torch=torch.get_rng_state())
     if device.type == "cuda":
         states["cuda"] = torch.cuda.get_rng_state(device)
     return states
 
 
 def set_rng_states(states: dict, device: torch.device) -> None:
-    random.setstate(states["python"])
-    np.random.set_state(states["numpy"])
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(internal), gauss))
+    numpy = states["numpy"]
+    if isinstance(numpy, dict):
+        numpy = (
+            numpy["kind"],
+            numpy["key"].numpy().astype(np.uint32),
+            numpy["pos"],
+            numpy["has_gauss"],
+            numpy["gauss"],
+        )
+    np.random.set_state(numpy)  # a tuple: a checkpoint of the old format (--trust-checkpoint)
     torch.set_rng_state(states["torch"])
     if device.type == "cuda" and "cuda" in states:
         torch.cuda.set_rng_state(states["cuda"], device)
+
+
+# ---------------------------------------------------------------------------------------------- env state as data
+# One function pair per env family: the state a gymnasium env needs to continue exactly, as tensors and numbers,
+# so that a checkpoint loads without unpickling objects. A family without one falls back to new episodes.
+WRAPPER_STATE = ("_elapsed_steps", "_has_reset", "checked_reset", "checked_step", "checked_render")
+"""the wrappers' own state: TimeLimit's step count, OrderEnforcing's and the env checker's flags"""
+CLASSIC_CONTROL_STATE = ("state", "steps_beyond_terminated", "last_u")
+
+
+def _as_data(value):
+    """NumPy arrays and scalars as tensors (dtype kept), sequences element-wise; other values as they are."""
+    if isinstance(value, (np.ndarray, np.generic)):
+        return torch.from_numpy(np.array(value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_as_data(v) for v in value)
+    return value
+
+
+def _from_data(value):
+    if isinstance(value, torch.Tensor):
+        array = value.numpy()
+        return array[()] if array.ndim == 0 else array
+    if isinstance(value, (list, tuple)):
+        return type(value)(_from_data(v) for v in value)
+    return value
+
+
+def _mujoco_state(base):
+    import mujoco
+
+    spec = mujoco.mjtState.mjSTATE_INTEGRATION  # time, qpos, qvel, act, warm start, controls, applied forces
+    state = np.empty(mujoco.mj_stateSize(base.model, spec))
+    mujoco.mj_getState(base.model, base.data, state, spec)
+    return torch.from_numpy(state)
+
+
+def _set_mujoco_state(base, state) -> None:
+    import mujoco
+
+    mujoco.mj_setState(base.model, base.data, state.numpy(), mujoco.mjtState.mjSTATE_INTEGRATION)
+
+
+def _env_family(base) -> Optional[str]:
+    module = type(base).__module__
+    if module.startswith("gymnasium.envs.classic_control."):
+        return "classic_control"
+    if module.startswith("gymnasium.envs.mujoco.") and hasattr(base, "model") and hasattr(base, "data"):
+        return "mujoco"
+    return None
+
+
+def _wrappers(env) -> list:
+    chain = []
+    while hasattr(env, "env"):
+        chain.append(env)
+        env = env.env
+    return chain
+
+
+def env_state(env) -> Optional[dict]:
+    """A gymnasium env's state as data, or None for a family with no state function (see `set_env_states`)."""
+    base = env.unwrapped
+    family = _env_family(base)
+    if family is None:
+        return None
+    if family == "mujoco":
+        sim = _mujoco_state(base)
+    else:
+        sim = {name: _as_data(vars(base)[name]) for name in CLASSIC_CONTROL_STATE if name in vars(base)}
+    wrappers = [{name: vars(w)[name] for name in WRAPPER_STATE if name in vars(w)} for w in _wrappers(env)]
+    rng = dict(state=base.np_random.bit_generator.state, seed=base.np_random_seed)
+    return dict(family=family, env=type(base).__name__, sim=sim, np_random=rng, wrappers=wrappers)
+
+
+def set_env_states(run: Run, envs: list, states: Optional[list]) -> bool:
+    """Continue each env of `envs` (freshly made, same ids) from its saved `env_state`; True if all could be.
+
+    False when the family has no state function (or the checkpoint holds no env state): rank 0 says so once,
+    and the script resets its envs with seeds no earlier attempt used, as the Atari scripts do.
+    """
+    if states is None or any(state is None for state in states):
+        if run.is_main:
+            print(
+                f"  {type(envs[0].unwrapped).__name__}: no saved env state (no state function for this env family): "
+                "the envs start new episodes, with seeds no earlier attempt used",
+                flush=True,
+            )
+        return False
+    for env, state in zip(envs, states, strict=True):
+        base = env.unwrapped
+        if state["family"] == "mujoco":
+            _set_mujoco_state(base, state["sim"])
+        else:
+            for name, value in state["sim"].items():
+                setattr(base, name, _from_data(value))
+        base.np_random.bit_generator.state = state["np_random"]["state"]
+        base._np_random_seed = state["np_random"]["seed"]
+        for wrapper, saved in zip(_wrappers(env), state["wrappers"], strict=True):
+            for name, value in saved.items():
+                setattr(wrapper, name, value)
+    return True
 
 
 def seed_everything(seed: int) -> None:
@@ -318,31 +534,82 @@ def broadcast_from_main(run: Run, obj):
     return box[0]
 
 
+FLAGS_FILE = "flags.json"
+"""written into a new run directory: the script and flags that made it, so that a restart recognises its own"""
+NOT_FROM_CHECKPOINT = ("track", "wandb_project_name", "wandb_entity", "trust_checkpoint", "resume")
+"""flags always taken from this command line, never from a checkpoint (a file someone else may have written)"""
+
+
+def check_run_name(run_name: str) -> None:
+    """A run name is a plain directory name: not empty, not `.` or `..`, no leading dot."""
+    if not run_name or run_name.startswith("."):
+        raise RunError(f"--run-name must be a plain name (not empty, no leading dot, not . or ..), got {run_name!r}")
+
+
+def differing_flags(saved: dict, args: RunArgs, sizes: Optional[dict] = None, world_size: int = 1) -> list:
+    """The flags of this command line (`args`) whose values differ from a run's `saved` flags, as `--flag value`.
+
+    `resume` is left out. A per-rank flag also matches the value that keeps the checkpoint's global `sizes` at
+    this world size: an elastic restart or a requeue onto another task count replays the same command.
+    """
+    here, saved = json.loads(json.dumps(asdict(args))), json.loads(json.dumps(saved))
+    local = per_rank_flags(saved, sizes, world_size) if sizes else {}
+    diffs = []
+    for name, value in here.items():
+        if name == "resume" or name not in saved or value in (saved[name], local.get(name, saved[name])):
+            continue
+        diffs.append(f"--{name.replace('_', '-')} {value} (the run's: {saved[name]})")
+    return diffs
+
+
 def resume(run: Run, args: RunArgs, required: tuple = ()) -> tuple[Any, Optional[dict]]:
     """Find the run directory and the checkpoint to continue from; returns (args, checkpoint or None).
 
     Rank 0 decides and every rank learns the outcome (or the same RunError). A checkpoint is taken
-    from `--resume`, or from the run directory itself when it holds one (an elastic restart or a
-    requeued job). A resumed run takes the checkpoint's flags as its defaults; flags given on this
-    command line still win, except the env id and the global sizes. At another world size, the
-    per-rank flags are derived again from the checkpoint's global sizes (`per_rank_flags`); the value
-    the checkpoint was written with is accepted too, since torchrun and SLURM replay the same command.
+    from `--resume`, or from the run directory itself when it holds one written with the same flags as
+    this command line (an elastic restart or a requeued job replays its command); a run directory of
+    other flags is refused. A resumed run takes the checkpoint's flags as its defaults; flags given on this
+    command line still win, except the env id and the global sizes, and the `NOT_FROM_CHECKPOINT` flags
+    come from this command line only. At another world size, the per-rank flags are derived again from
+    the checkpoint's global sizes (`per_rank_flags`); the value the checkpoint was written with is accepted
+    too, since torchrun and SLURM replay the same command.
     """
     outcome = None
     if run.is_main:
         try:
-            run_name = args.run_name or f"{args.env_id}__{args.exp_name}__{args.seed}__{launch_id()}"
-            run_dir = os.path.join(args.runs_dir, run_name.replace("/", "-"))  # ALE/Pong-v5: one directory
-            source = args.resume
+            run_name = (args.run_name or f"{args.env_id}__{args.exp_name}__{args.seed}__{launch_id()}").replace(
+                "/", "-"
+            )
+            check_run_name(run_name)  # ALE/Pong-v5: one directory, not a nested one
+            run_dir, source, new_dir, ckpt = os.path.join(args.runs_dir, run_name), args.resume, False, None
             if source is None and os.path.isfile(os.path.join(run_dir, "checkpoint.pt")):
-                source = run_dir
-            ckpt = load_checkpoint(source, run.script, required) if source else None
+                ckpt = load_checkpoint(run_dir, run.script, required, args.trust_checkpoint)
+                diffs, source = differing_flags(ckpt["args"], args, ckpt["sizes"], run.world_size), run_dir
+            elif source is None and os.path.lexists(run_dir):  # a restart before the first checkpoint, or not ours
+                try:
+                    with open(os.path.join(run_dir, FLAGS_FILE)) as f:
+                        made_by = json.load(f)
+                    diffs = differing_flags(made_by["args"], args) if made_by["script"] == run.script else ["--script"]
+                except (OSError, ValueError, KeyError, TypeError):
+                    diffs = ["(no flags.json: not made by this command)"]
+            else:
+                diffs, new_dir = [], source is None
+            if diffs:
+                raise RunError(
+                    f"{run_dir} belongs to a run with other flags: {'; '.join(diffs[:4])}; pass --resume {run_dir} "
+                    "to continue that run, or another --run-name for a new one (nothing was written)"
+                )
+            if source and ckpt is None:
+                ckpt = load_checkpoint(source, run.script, required, args.trust_checkpoint)
             if ckpt is not None:
                 if args.resume:  # continue writing into the directory of the checkpoint
                     run_dir = args.resume if os.path.isdir(args.resume) else os.path.dirname(args.resume) or "."
                 saved = {k: v for k, v in ckpt["args"].items() if k in {f.name for f in fields(type(args))}}
+                check_saved_env_id(str(saved.get("env_id")), args.env_id, source)
                 local = per_rank_flags(saved, ckpt["sizes"], run.world_size)
-                args = tyro.cli(type(args), default=type(args)(**(saved | local)))
+                cli, args = args, tyro.cli(type(args), default=type(args)(**(saved | local)))
+                for name in NOT_FROM_CHECKPOINT:
+                    setattr(args, name, getattr(cli, name))
                 if args.env_id != saved["env_id"]:
                     raise RunError(f"--resume: {source} trained {saved['env_id']}, not --env-id {args.env_id}")
                 for name, value in local.items():  # the saved value: a restart replaying its command line
@@ -353,13 +620,13 @@ def resume(run: Run, args: RunArgs, required: tuple = ()) -> tuple[Any, Optional
                             f"changes the checkpoint's {total} {ckpt['sizes'][total]}; omit it (each rank gets {value})"
                         )
                     setattr(args, name, value)
-            outcome = (run_dir, args, ckpt)
+            outcome = (run_dir, args, ckpt, new_dir)
         except RunError as e:
             outcome = e
     outcome = broadcast_from_main(run, outcome)
     if isinstance(outcome, RunError):
         raise outcome
-    run.run_dir, run.args, ckpt = outcome
+    run.run_dir, run.args, ckpt, run.new_dir = outcome
     run.wandb_run_id = ckpt.get("wandb_run_id") if ckpt else None
     if ckpt:
         check_run_flags(run.args)
@@ -437,8 +704,9 @@ def save_checkpoint(run: Run, iteration: int, global_step: int, rank_state=None,
     all_rng, all_rank_state = [g[0] for g in gathered], [g[1] for g in gathered]
     error = None
     if run.is_main:
-        run.writer.flush()  # the events up to this checkpoint reach the file first: a crash after it loses none
+        sync_events(run.writer)  # the events up to this checkpoint reach the disk first: a crash after it loses none
         ckpt = dict(script=run.script, args=asdict(run.args), sizes=run.sizes, world_size=run.world_size)
+        ckpt |= dict(versions=library_versions())
         ckpt |= dict(iteration=iteration, global_step=global_step, rng=all_rng, rank_state=all_rank_state)
         ckpt |= dict(wandb_run_id=run.wandb_run_id, **state)
         path = os.path.join(run.run_dir, "checkpoint.pt")
@@ -449,6 +717,19 @@ def save_checkpoint(run: Run, iteration: int, global_step: int, rank_state=None,
     error = broadcast_from_main(run, error)
     if error:
         raise RunError(error)
+
+
+def sync_events(writer) -> None:
+    """Flush TensorBoard's event file and fsync it, so that it is as durable as the checkpoint written next."""
+    writer.flush()
+    event_writer = getattr(writer._get_file_writer(), "event_writer", None)
+    path = getattr(event_writer, "_file_name", None)
+    if path and os.path.exists(path):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 # ---------------------------------------------------------------------------------------------- collectives
@@ -527,15 +808,28 @@ def open_logs(run: Run, sizes: dict, ckpt: Optional[dict]) -> None:
         raise RunError(
             f"--resume: the checkpoint's batch_size is {saved}, not {sizes.get('batch_size')}: keep its sizes"
         )
+    if ckpt and ckpt["iteration"] >= sizes.get("num_iterations", ckpt["iteration"] + 1):
+        raise RunError(
+            f"{run.run_dir} has finished: its checkpoint is at global step {ckpt['global_step']}, and "
+            f"--total-timesteps {run.args.total_timesteps} asks for no more; to train on, pass --resume {run.run_dir} "
+            "with a larger --total-timesteps (nothing was written)"
+        )
     global_step = ckpt["global_step"] if ckpt else 0
     run.sps_window.append((time.time(), global_step))
     error = None
     if run.is_main:  # created only now: a run that fails its checks before this writes nothing
         try:
-            os.makedirs(run.run_dir, exist_ok=True)
-            probe = os.path.join(run.run_dir, f".write-test.{os.getpid()}")
-            open(probe, "w").close()
-            os.remove(probe)
+            if run.new_dir:  # exclusively: never into a directory another run created
+                os.makedirs(os.path.dirname(run.run_dir) or ".", exist_ok=True)
+                os.mkdir(run.run_dir)
+                with open(os.path.join(run.run_dir, FLAGS_FILE), "w") as f:
+                    json.dump(dict(script=run.script, args=asdict(run.args)), f, indent=1)
+            else:
+                probe = os.path.join(run.run_dir, f".write-test.{os.getpid()}")
+                open(probe, "w").close()
+                os.remove(probe)
+        except FileExistsError:
+            error = f"another run created {run.run_dir} meanwhile: pass another --run-name (nothing was written)"
         except OSError as e:
             error = f"cannot write to the run directory {run.run_dir}: {e.strerror}"
     error = broadcast_from_main(run, error)
@@ -555,7 +849,9 @@ def open_logs(run: Run, sizes: dict, ckpt: Optional[dict]) -> None:
         options = dict(config=config, sync_tensorboard=True, save_code=True, resume="allow")
         run.wandb_run_id = wandb.init(**names, **options, id=run.wandb_run_id).id
     # purge_step drops events a crashed attempt logged after the checkpoint: no duplicate steps
-    run.writer = SummaryWriter(run.run_dir, purge_step=global_step + 1 if ckpt else None)
+    # (a restart before the first checkpoint purges from step 1)
+    run.writer = SummaryWriter(run.run_dir, purge_step=None if run.new_dir else global_step + 1)
+    _open_runs.append(run)  # closed on every way out (`close_logs`, from `exit_codes`)
     table = "\n".join(f"|{k}|{v}|" for k, v in config.items())
     run.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
     print(f"{run.script}: {args.env_id}, run directory {run.run_dir}")
@@ -667,11 +963,7 @@ def finish(run: Run, global_step: int, preempted: bool, *envs) -> None:
             env.close()
     if run.is_main:
         print("" if sys.stdout.isatty() else run.last_line, flush=True)  # end the live line, or show the last
-        run.writer.close()
-        if run.args.track:
-            import wandb
-
-            wandb.finish(exit_code=EXIT_PREEMPTED if preempted else 0)
+        close_logs(EXIT_PREEMPTED if preempted else 0)
         if preempted:
             print(
                 f"{run.script}: preempted by a signal at global step {global_step}; checkpoint saved in "
@@ -681,6 +973,24 @@ def finish(run: Run, global_step: int, preempted: bool, *envs) -> None:
             )
     if preempted:
         raise SystemExit(EXIT_PREEMPTED)
+
+
+_open_runs: list = []  # rank 0's runs whose TensorBoard writer (and W&B run) `open_logs` opened
+
+
+def close_logs(exit_code: int) -> None:
+    """Flush and close rank 0's TensorBoard writer and finish its W&B run with `exit_code`; every way out of a
+    run comes here (`finish`, and `exit_codes` after an error), so the last scalars are never lost."""
+    while _open_runs:
+        run = _open_runs.pop()
+        try:
+            run.writer.close()
+            if run.args.track:
+                import wandb
+
+                wandb.finish(exit_code=exit_code)
+        except Exception as e:  # on the way out after another error: say it, and leave anyway
+            print(f"{run.script}: could not close the logs of {run.run_dir} ({type(e).__name__}: {e})", file=sys.stderr)
 
 
 # ---------------------------------------------------------------------------------------------- exit
@@ -705,6 +1015,10 @@ def exit_codes(script: str):
         exit_code = 0
     except SystemExit as e:
         exit_code = e.code if isinstance(e.code, int) else 1
+    except KeyboardInterrupt:  # a second Ctrl-C (`interrupt`), or one before the handler was installed
+        exit_code = EXIT_INTERRUPTED
+        if int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0))) == 0:
+            print(f"\n{script}: interrupted twice: stopped at once, without a checkpoint", file=sys.stderr, flush=True)
     except RunError as e:
         exit_code = e.code
         if int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0))) == 0:
@@ -730,6 +1044,7 @@ def exit_codes(script: str):
                 flush=True,
             )
     finally:
+        close_logs(exit_code)
         if dist.is_initialized() and exit_code != EXIT_LOST_RANK:  # teardown could wait on the lost peers
             dist.destroy_process_group()
         # Leave without interpreter finalization: there, gloo's C++ threads can still call std::terminate

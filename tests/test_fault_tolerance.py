@@ -122,7 +122,7 @@ OTHER_WORLD_SIZES = {PPO: (4,)}
 
 
 def load(path) -> dict:
-    return torch.load(path, map_location="cpu", weights_only=False)
+    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def sha256(path) -> str:

@@ -47,6 +47,7 @@ def single_run(tmp_path, **flags) -> rt.Run:
 def launch_env(monkeypatch):
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_JOB_ID"):
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv("SLURM_STEP_ID", raising=False)
     for var in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE"):
         monkeypatch.delenv(var, raising=False)
     return monkeypatch
@@ -86,9 +87,13 @@ def test_read_launch_env_torchrun_slurm_and_plain(launch_env):
 
 
 def test_launch_id_survives_restarts_and_requeues(launch_env):
-    assert rt.launch_id().isdigit()  # a time stamp: a new run
+    launch_env.setattr(rt.time, "time", lambda: 1700000000.5)  # two launches in the same second still differ
+    first, second = rt.launch_id(), rt.launch_id()
+    assert first.startswith("1700000000-") and second.startswith("1700000000-") and first != second
     launch_env.setenv("SLURM_JOB_ID", "77")
-    assert rt.launch_id() == "slurm77"
+    assert rt.launch_id() == "slurm77"  # a batch script's own step
+    launch_env.setenv("SLURM_STEP_ID", "3")  # srun: the runs of one allocation differ by step
+    assert rt.launch_id() == "slurm77.3"
     launch_env.setenv("TORCHELASTIC_RUN_ID", "job-5")
     assert rt.launch_id() == "job-5"
 
