@@ -577,10 +577,11 @@ def resume(run: Run, args: RunArgs, required: tuple = ()) -> tuple[Any, Optional
     outcome = None
     if run.is_main:
         try:
-            run_name = (args.run_name or f"{args.env_id}__{args.exp_name}__{args.seed}__{launch_id()}").replace(
-                "/", "-"
-            )
-            check_run_name(run_name)  # ALE/Pong-v5: one directory, not a nested one
+            run_name = args.run_name
+            if run_name is None:
+                run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{launch_id()}"
+            run_name = run_name.replace("/", "-")  # ALE/Pong-v5: one directory, not a nested one
+            check_run_name(run_name)
             run_dir, source, new_dir, ckpt = os.path.join(args.runs_dir, run_name), args.resume, False, None
             if source is None and os.path.isfile(os.path.join(run_dir, "checkpoint.pt")):
                 ckpt = load_checkpoint(run_dir, run.script, required, args.trust_checkpoint)

@@ -1,0 +1,87 @@
+"""Bad input is one line and a non-zero exit, never a traceback (issue 21, section 7). Each case runs in this
+process and stops with the RunError (or evaluate's EvalError) that `rt.exit_codes` prints as one line with exit
+code 2 (tests/test_runtime.py checks that path); nothing is written before it. One case also runs as a command."""
+
+import importlib
+import signal
+import sys
+
+import pytest
+import torch
+from helpers import assert_one_line_error, launch
+
+from cleanrl_ddp import evaluate
+from cleanrl_ddp import runtime as rt
+
+LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_JOB_ID")
+
+
+@pytest.fixture
+def main_in_process(monkeypatch, tmp_path):
+    """main_in_process(script, *flags): the RunError a script's main() raises, in this process (one rank)."""
+    for var in (*LAUNCH_VARS, "TORCHELASTIC_RUN_ID", "TORCHELASTIC_MAX_RESTARTS"):
+        monkeypatch.delenv(var, raising=False)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    threads = torch.get_num_threads()
+
+    def run(script: str, *flags) -> str:
+        module = importlib.import_module(f"cleanrl_ddp.{script}")
+        monkeypatch.setattr(sys, "argv", [script, "--runs-dir", str(tmp_path / "runs"), *map(str, flags)])
+        with pytest.raises(rt.RunError) as error:
+            module.main()
+        assert not (tmp_path / "runs").exists()  # stopped before writing anything
+        return str(error.value)
+
+    yield run
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize(
+    "script, flags, message",
+    [
+        ("ppo_multigpu", ("--env-id", "FrozenLake-v1"), "--env-id FrozenLake-v1 has a Discrete observation space"),
+        ("ppo_multigpu", ("--env-id", "Blackjack-v1"), "--env-id Blackjack-v1 has a Tuple observation space"),
+        ("dqn_atari_multigpu", ("--exploration-fraction", 0), "--exploration-fraction must be positive, got 0.0"),
+        ("dqn_atari_multigpu", ("--repeat-action-probability", 2), "--repeat-action-probability must be between 0"),
+        ("ppo_multigpu", ("--dist-timeout", "inf"), "--dist-timeout must be positive (seconds) and at most 31536000"),
+        ("ppo_multigpu", ("--run-name", ".."), "--run-name must be a plain name"),
+    ],
+    ids=[
+        "frozenlake",
+        "blackjack",
+        "exploration-fraction-0",
+        "repeat-action-probability-2",
+        "dist-timeout-inf",
+        "run-name-dotdot",
+    ],
+)
+def test_bad_flag_is_one_line(main_in_process, script, flags, message):
+    assert message in main_in_process(script, *flags)
+
+
+@pytest.mark.parametrize(
+    "device, message",
+    [
+        ("bogus", "--device 'bogus' is not a torch device"),
+        pytest.param(
+            "cuda",
+            "--device cuda: CUDA is not available here",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available"),
+        ),
+    ],
+)
+def test_evaluate_bad_device_is_one_line(tmp_path, device, message):
+    with pytest.raises(evaluate.EvalError, match=message.replace("(", r"\(")):
+        evaluate.main([str(tmp_path), "--device", device])  # refused before the (missing) checkpoint is read
+
+
+def test_dist_timeout_inf_with_two_ranks_is_one_line_as_a_command(tmp_path):
+    """The whole path once: torchrun, 2 ranks, one line from rank 0, nothing written."""
+    flags = ["--dist-timeout", "inf", "--runs-dir", tmp_path / "runs", "--total-timesteps", 512]
+    proc = launch("ppo_multigpu.py", flags, nproc=2, timeout=120)
+    assert_one_line_error(
+        proc, r"--dist-timeout must be positive \(seconds\) and at most 31536000, got inf", "ppo_multigpu.py"
+    )
+    assert not (tmp_path / "runs").exists()

@@ -1,0 +1,368 @@
+"""Checkpoints that are safe to load, and runs that never mix (issue 21).
+
+- A checkpoint is data: it loads with `torch.load(weights_only=True)`; the envs continue from their state as data.
+- A file that carries code (a pickled object) is refused by `--resume`, by the automatic resume and by `evaluate`,
+  and so is a saved `module:Env` id: the code never runs (a marker file it would write stays absent).
+- One experiment, one run directory: same-second and same-SLURM-job launches, other flags, finished runs.
+- Ctrl-C: the first SIGINT is a preemption (exit 75 with a checkpoint), a second one stops at once; the logs are
+  closed on every way out.
+
+In this process where a unit shows it; one command for --resume, one 2-rank run for SIGINT.
+"""
+
+import importlib
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from types import SimpleNamespace
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from helpers import REPO, assert_one_line_error, free_port, launch, only_run_dir, read_scalars, script_path, wait_until
+
+from cleanrl_ddp import evaluate
+from cleanrl_ddp import runtime as rt
+
+LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_NTASKS", "SLURM_PROCID")
+LAUNCH_VARS += ("SLURM_JOB_ID", "SLURM_STEP_ID", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_MAX_RESTARTS")
+
+
+@dataclass
+class Args(rt.RunArgs):
+    """What a script's Args adds that the module reads, and one algorithm flag."""
+
+    env_id: str = "CartPole-v1"
+    exp_name: str = "test"
+    seed: int = 1
+    total_timesteps: int = 1000
+    local_num_envs: int = 1
+    learning_rate: float = 2.5e-4
+
+
+@pytest.fixture
+def clean_launch(monkeypatch):
+    for var in LAUNCH_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(sys, "argv", ["script"])
+    return monkeypatch
+
+
+def one_rank(**flags) -> rt.Run:
+    return rt.Run("ppo_multigpu", Args(**flags), 0, 0, 1, 1, torch.device("cpu"), None)
+
+
+def train(tmp_path, iterations=2, **flags) -> rt.Run:
+    """A run of the module alone: resume, open the logs, log and checkpoint `iterations` iterations, finish."""
+    run = one_rank(runs_dir=str(tmp_path), **flags)
+    rt.resume(run, run.args)
+    rt.open_logs(run, dict(batch_size=10, num_iterations=100), None)
+    for iteration in range(1, iterations + 1):
+        rt.log(run, 10 * iteration, {"losses/x": 1.0}, (0.0, 0, 0))
+        rt.save_checkpoint(run, iteration, 10 * iteration, None, agent={"w": torch.ones(2)})
+    rt.finish(run, 10 * iterations, preempted=False)
+    return run
+
+
+# ------------------------------------------------------------------------------------------ checkpoints are data
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "InvertedPendulum-v5"])
+def test_env_state_as_data_continues_the_env_bit_for_bit(env_id):
+    """Saved mid-episode, loaded with weights_only=True into a fresh env: 300 more steps, resets included, equal."""
+    if env_id.endswith("-v5"):
+        pytest.importorskip("mujoco")
+    original = gym.make(env_id)
+    original.reset(seed=5)
+    actions = np.random.default_rng(0)
+    act = (
+        (lambda: int(actions.integers(2)))
+        if env_id == "CartPole-v1"
+        else (lambda: actions.uniform(-3, 3, size=1).astype(np.float32))
+    )
+    for _ in range(30):
+        if any(original.step(act())[2:4]):
+            original.reset()
+    buffer = io.BytesIO()
+    torch.save([rt.env_state(original)], buffer)
+    buffer.seek(0)
+    states = torch.load(buffer, weights_only=True)  # no allow-list: tensors, numbers, strings, lists and dicts
+    restored = gym.make(env_id)
+    restored.reset(seed=99)
+    assert rt.set_env_states(SimpleNamespace(is_main=True), [restored], states)
+    resets = 0
+    for _ in range(300):
+        action = act()
+        a, b = original.step(action), restored.step(action)
+        assert np.array_equal(a[0], b[0]) and a[1:4] == b[1:4]
+        if a[2] or a[3]:
+            resets += 1
+            assert np.array_equal(original.reset()[0], restored.reset()[0])
+    assert resets > 0
+
+
+def test_env_family_without_a_state_function_falls_back_once(capsys):
+    """An env of no known family saves None; the resume says so once and starts new episodes (the script reseeds)."""
+    env = gym.make("FrozenLake-v1")  # toy_text: no state function
+    env.reset(seed=0)
+    assert rt.env_state(env) is None
+    assert not rt.set_env_states(SimpleNamespace(is_main=True), [env, env], [None, None])
+    assert capsys.readouterr().out.count("no saved env state") == 1
+
+
+def test_checkpoint_records_versions_and_names_damage_or_version_mismatch(tmp_path, clean_launch):
+    run = train(tmp_path, iterations=1)
+    ckpt = torch.load(os.path.join(run.run_dir, "checkpoint.pt"), weights_only=True)
+    assert ckpt["versions"]["torch"] == torch.__version__ and ckpt["versions"]["gymnasium"] == gym.__version__
+    assert set(ckpt["versions"]) == set(rt.VERSIONED)
+    torn = tmp_path / "torn.pt"
+    torn.write_bytes((tmp_path / os.path.basename(run.run_dir) / "checkpoint.pt").read_bytes()[:-100])
+    with pytest.raises(rt.RunError, match=r"is truncated or corrupt \(a damaged file"):
+        rt.read_checkpoint(str(torn))
+    import zipfile
+
+    foreign = tmp_path / "foreign.pt"  # an intact archive that this torch cannot read
+    with zipfile.ZipFile(foreign, "w") as archive:
+        archive.writestr("archive/data.pkl", b"not a pickle")
+    with pytest.raises(rt.RunError, match=r"is intact but torch .* cannot read it .*version mismatch"):
+        rt.read_checkpoint(str(foreign))
+    moved = tmp_path / "moved.pt"  # the old format, holding an object whose class has moved since it was written
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "oldlib_env.py").write_text("class Env:\n    pass\n")
+    clean_launch.syspath_prepend(str(tmp_path / "lib"))
+    torch.save(dict(script="ppo_multigpu", env=importlib.import_module("oldlib_env").Env()), moved)
+    clean_launch.delitem(sys.modules, "oldlib_env")
+    (tmp_path / "lib" / "oldlib_env.py").unlink()
+    with pytest.raises(rt.RunError, match=r"is intact but needs code this installation lacks .*version mismatch"):
+        rt.read_checkpoint(str(moved), trust=True)
+
+
+# ------------------------------------------------------------------------------------------ nothing runs from a file
+class Payload:
+    """Unpickling it calls open(marker, "w"): any code could run in its place (os.system in the issue)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (str(self.marker), "w")
+
+
+def malicious_checkpoint(path, marker):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    args = asdict(Args(runs_dir=str(path.parent.parent), run_name=path.parent.name))
+    torch.save(dict(script="ppo_multigpu", args=args, rank_state=[Payload(marker)]), path)
+
+
+@pytest.fixture
+def main_in_process(clean_launch, tmp_path):
+    """main_in_process(script, *flags): the RunError a script's main() raises, in this process (one rank)."""
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    threads = torch.get_num_threads()
+
+    def run(script: str, *flags) -> str:
+        module = importlib.import_module(f"cleanrl_ddp.{script}")
+        clean_launch.setattr(sys, "argv", [script, *map(str, flags)])
+        with pytest.raises(rt.RunError) as error:
+            module.main()
+        return str(error.value)
+
+    yield run
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+    torch.set_num_threads(threads)
+
+
+def test_a_checkpoint_that_carries_code_is_refused_everywhere(tmp_path, main_in_process):
+    """--resume (as a command), the automatic resume of a run directory, and evaluate: refused, the code never ran."""
+    marker = tmp_path / "code-ran"
+    path = tmp_path / "runs" / "shared" / "checkpoint.pt"
+    malicious_checkpoint(path, marker)
+    before = path.read_bytes()
+
+    proc = launch("ppo_multigpu.py", ["--resume", path], nproc=0, timeout=120)
+    assert_one_line_error(
+        proc, r"holds pickled objects .* pass --trust-checkpoint to load it anyway", "ppo_multigpu.py"
+    )
+    message = main_in_process("ppo_multigpu", "--runs-dir", tmp_path / "runs", "--run-name", "shared")
+    assert "holds pickled objects" in message and "--trust-checkpoint" in message
+    with pytest.raises(evaluate.EvalError, match="holds pickled objects .*--trust-checkpoint"):
+        evaluate.main([str(path)])
+    assert not marker.exists() and path.read_bytes() == before
+
+    assert rt.read_checkpoint(str(path), trust=True)["script"] == "ppo_multigpu"
+    assert marker.exists()  # the opt-in runs the file's code: that is what --trust-checkpoint means
+
+
+@pytest.fixture
+def evil_module(tmp_path, monkeypatch):
+    """A module `evilmod` on the import path that writes a marker file when imported."""
+    marker = tmp_path / "imported"
+    (tmp_path / "evilmod").mkdir()
+    (tmp_path / "evilmod" / "evilmod.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "evilmod"))
+    monkeypatch.delitem(sys.modules, "evilmod", raising=False)
+    return marker
+
+
+def test_a_saved_module_env_id_is_refused_unless_given_here(tmp_path, main_in_process, evil_module):
+    """A safe-format checkpoint whose env_id is `evilmod:CartPole-v1`: gym.make would import evilmod."""
+    run = train(tmp_path / "runs", iterations=1)
+    path = os.path.join(run.run_dir, "checkpoint.pt")
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["args"]["env_id"] = "evilmod:CartPole-v1"
+    ckpt |= dict(agent_kwargs=dict(obs_dim=4, n_actions=2), optimizer={}, agent={})
+    torch.save(ckpt, path)
+    message = main_in_process("ppo_multigpu", "--resume", run.run_dir)
+    assert "'evilmod:CartPole-v1', whose module prefix would import" in message and "pass --env-id" in message
+    name = os.path.basename(run.run_dir)
+    message = main_in_process("ppo_multigpu", "--runs-dir", tmp_path / "runs", "--run-name", name)
+    assert "belongs to a run with other flags" in message  # the automatic resume: not this command's flags
+    with pytest.raises(evaluate.EvalError, match="whose module prefix would import"):
+        evaluate.main([path])
+    assert not evil_module.exists()
+
+
+def test_evaluate_accepts_only_the_packages_own_scripts(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    torch.save(dict(script="../x_multigpu", args={}), path)
+    with pytest.raises(evaluate.EvalError, match="'../x_multigpu', which is not a script of this cleanrl_ddp"):
+        evaluate.main([str(path)])
+    assert {"ppo_multigpu", "dqn_atari_multigpu", "ppo_continuous_action_multigpu"} <= evaluate.package_scripts()
+
+
+def test_track_and_wandb_names_never_come_from_a_checkpoint(tmp_path, clean_launch):
+    run = train(tmp_path, iterations=1, track=False)
+    path = os.path.join(run.run_dir, "checkpoint.pt")
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["args"] |= dict(track=True, wandb_entity="someone-else", trust_checkpoint=True)
+    torch.save(ckpt, path)
+    args, _ = rt.resume(one_rank(runs_dir=str(tmp_path)), Args(resume=run.run_dir))
+    assert not args.track and args.wandb_entity is None and not args.trust_checkpoint
+
+
+# ------------------------------------------------------------------------------------------ one run, one directory
+def test_same_second_and_same_slurm_job_never_share_a_directory(tmp_path, clean_launch):
+    """Two learning rates launched in the same second, then within one SLURM job: two directories (srun steps),
+    or, where the launch ids are equal (a batch script's own step), the second stops in one line."""
+    clean_launch.setattr(rt.time, "time", lambda: 1700000000.0)
+    first, second = train(tmp_path / "a"), train(tmp_path / "a", learning_rate=1e-3)
+    assert first.run_dir != second.run_dir
+
+    clean_launch.setenv("SLURM_JOB_ID", "7")
+    clean_launch.setenv("SLURM_STEP_ID", "0")
+    first = train(tmp_path / "b")
+    clean_launch.setenv("SLURM_STEP_ID", "1")
+    second = train(tmp_path / "b", learning_rate=1e-3)
+    assert first.run_dir != second.run_dir
+
+    clean_launch.delenv("SLURM_STEP_ID")
+    first = train(tmp_path / "c")
+    before = open(os.path.join(first.run_dir, "checkpoint.pt"), "rb").read()
+    with pytest.raises(rt.RunError, match=r"belongs to a run with other flags: --learning-rate 0.001 \(the run's: "):
+        train(tmp_path / "c", learning_rate=1e-3)
+    assert open(os.path.join(first.run_dir, "checkpoint.pt"), "rb").read() == before
+    for run_dir in (first.run_dir, second.run_dir):
+        assert len([f for f in os.listdir(run_dir) if f.startswith("events.out")]) == 1  # never resumed
+
+
+def test_a_restart_with_the_same_flags_continues_its_own_run(tmp_path, clean_launch):
+    """What an elastic restart or a requeue does: the same command finds its directory, before or after the
+    first checkpoint, and continues it. Two launches that both found the name free: the second stops."""
+    run = one_rank(runs_dir=str(tmp_path), run_name="job")
+    rt.resume(run, run.args)
+    rt.open_logs(run, dict(batch_size=10, num_iterations=100), None)  # crashed before its first checkpoint
+    rt.close_logs(1)
+    again = one_rank(runs_dir=str(tmp_path), run_name="job")
+    _, ckpt = rt.resume(again, again.args)
+    assert ckpt is None and again.run_dir == run.run_dir and not again.new_dir
+    late = one_rank(runs_dir=str(tmp_path), run_name="job")
+    late.run_dir, late.new_dir = run.run_dir, True  # found the name free just before the first run created it
+    with pytest.raises(rt.RunError, match="another run created .*job meanwhile"):
+        rt.open_logs(late, dict(batch_size=10), None)
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", ".hidden"])
+def test_run_name_must_be_a_plain_name(tmp_path, clean_launch, name):
+    run = one_rank(runs_dir=str(tmp_path / "runs"), run_name=name)
+    with pytest.raises(rt.RunError, match="--run-name must be a plain name"):
+        rt.resume(run, run.args)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_finished_run_relaunched_stops_before_any_log(tmp_path, clean_launch):
+    run = train(tmp_path, iterations=2, run_name="done")
+    again = one_rank(runs_dir=str(tmp_path), run_name="done")
+    _, ckpt = rt.resume(again, again.args)
+    files = sorted(os.listdir(run.run_dir))
+    with pytest.raises(rt.RunError, match=r"has finished: its checkpoint is at global step 20, and --total-timesteps"):
+        rt.open_logs(again, dict(batch_size=10, num_iterations=2), ckpt)
+    assert sorted(os.listdir(run.run_dir)) == files
+
+
+# ------------------------------------------------------------------------------------------ Ctrl-C and exits
+def test_second_ctrl_c_stops_at_once():
+    run = one_rank()
+    rt.interrupt(run)
+    assert run.signals == [signal.SIGINT]  # the first: a preemption vote, like SIGTERM
+    with pytest.raises(KeyboardInterrupt):
+        rt.interrupt(run)
+
+
+def test_an_error_exit_still_closes_the_writer(tmp_path, clean_launch):
+    """A scalar logged just before a failure reaches the events: `exit_codes` closes the logs (forked child)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+            with rt.exit_codes("demo"):
+                run = one_rank(runs_dir=str(tmp_path), run_name="failing")
+                rt.resume(run, run.args)
+                rt.open_logs(run, dict(batch_size=10), None)
+                rt.log(run, 10, {"losses/x": 0.5}, (0.0, 0, 0))  # queued in the writer, not yet on disk
+                raise RuntimeError("a bug")
+        finally:
+            os._exit(99)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 1
+    assert read_scalars(tmp_path / "failing")["losses/x"] == [(10, 0.5)]
+
+
+def test_ctrl_c_to_a_two_rank_run_checkpoints_exits_75_and_resumes(tmp_path):
+    """SIGINT to the process group of a 2-rank job (what Ctrl-C in its terminal does): both ranks stop after the
+    same iteration with a checkpoint and exit 75; `--resume` (in one process) finishes the run."""
+    port, runs = free_port(), tmp_path / "runs"
+    flags = ["--env-id", "CartPole-v1", "--local-num-envs", 2, "--num-steps", 16, "--num-minibatches", 2]
+    flags += ["--update-epochs", 1, "--total-timesteps", 64 * 300, "--runs-dir", runs, "--checkpoint-every", 2]
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        env |= dict(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
+        group = (lambda: os.setpgid(0, 0)) if rank == 0 else (lambda pgid=procs[0].pid: os.setpgid(0, pgid))
+        cmd = [sys.executable, script_path("ppo_multigpu.py"), *map(str, flags)]
+        procs.append(
+            subprocess.Popen(cmd, env=env, cwd=REPO, text=True, preexec_fn=group, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+        )  # fmt: skip
+    try:
+        wait_until(lambda: list(runs.glob("*/checkpoint.pt")), 120, procs[0], "first checkpoint")
+        os.killpg(procs[0].pid, signal.SIGINT)
+        outputs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            p.kill() if p.poll() is None else None
+    assert [p.returncode for p in procs] == [75, 75], outputs
+    stderr = outputs[0][1]
+    assert "interrupted: stopping with a checkpoint after this iteration" in stderr, stderr
+    stopped = int(re.search(r"preempted by a signal at global step (\d+);", stderr).group(1))
+    run_dir = only_run_dir(runs)
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["global_step"] == stopped < 64 * 300
+
+    resumed = launch("ppo_multigpu.py", ["--resume", run_dir, "--total-timesteps", stopped + 64 * 2], nproc=0)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    final = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert final["global_step"] == stopped + 64 * 2 and json.loads((run_dir / rt.FLAGS_FILE).read_text())
