@@ -245,7 +245,7 @@ def test_global_accounting(run):
     assert consumed == run.iterations * run.batch_size <= run.total
     scalars = read_scalars(run.run_dir)
     assert max(step for events in scalars.values() for step, _ in events) == consumed
-    ckpt = torch.load(run.run_dir / "checkpoint.pt", weights_only=False)
+    ckpt = torch.load(run.run_dir / "checkpoint.pt", weights_only=True)
     assert ckpt["global_step"] == consumed and ckpt["iteration"] == run.iterations
 
 
@@ -292,7 +292,7 @@ def test_same_schedule(run):
             )
     assert schedules[0] == expected_updates and len(expected_updates) >= 16, (schedules[0], expected_updates)
     assert syncs[0] == expected_syncs and len(expected_syncs) >= 2, (syncs[0], expected_syncs)
-    ckpt = torch.load(run.run_dir / "checkpoint.pt", weights_only=False)
+    ckpt = torch.load(run.run_dir / "checkpoint.pt", weights_only=True)
     assert (ckpt["num_updates"], ckpt["num_target_updates"]) == (len(expected_updates), len(expected_syncs))
 
 
@@ -319,9 +319,7 @@ def test_reproducible(tmp_path_factory, tmp_path, script):
     flags = [*first.spec.tiny, *COMMON, "--runs-dir", tmp_path, *first.flags]
     proc = launch(script, flags, nproc=2, timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    first, again = (
-        torch.load(d / "checkpoint.pt", weights_only=False) for d in (first.run_dir, only_run_dir(tmp_path))
-    )
+    first, again = (torch.load(d / "checkpoint.pt", weights_only=True) for d in (first.run_dir, only_run_dir(tmp_path)))
     assert again["global_step"] == first["global_step"] > 0
     networks = [k for k in ("agent", "q_network", "target_network") if k in first]  # PPO: agent; DQN: the other two
     for key in [*networks, "optimizer"]:

@@ -170,7 +170,7 @@ def run_and_dump(tmp_path, nproc, args):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     dumps = [torch.load(dump_dir / f"rank{r}.pt") for r in range(nproc)]
     run_dir = only_run_dir(runs)
-    return proc, dumps, run_dir, read_scalars(run_dir), torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    return proc, dumps, run_dir, read_scalars(run_dir), torch.load(run_dir / "checkpoint.pt", weights_only=True)
 
 
 def assert_same_weights(a: dict, b: dict):
@@ -211,13 +211,13 @@ def test_resume_refills_the_buffer_then_continues(tmp_path):
     first = launch(SCRIPT, [*TINY, "--runs-dir", tmp_path, "--total-timesteps", 128], nproc=0, timeout=240)
     assert first.returncode == 0, first.stdout + first.stderr
     run_dir = only_run_dir(tmp_path)
-    done = launch(SCRIPT, ["--resume", run_dir], nproc=0, timeout=240)  # a finished run: nothing left to do
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = launch(SCRIPT, ["--resume", run_dir], nproc=0, timeout=240)  # a finished run: one line, nothing written
+    assert_one_line_error(done, r"has finished: its checkpoint is at global step 128", SCRIPT)
     again = launch(SCRIPT, ["--resume", run_dir, "--total-timesteps", 256], nproc=0, timeout=240)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "resuming at iteration 65, global step 128" in again.stdout
     assert "updates restart at global step 228 (buffer refill)" in again.stdout
-    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert ckpt["global_step"] == 256 and ckpt["num_updates"] == 8
     updates = read_scalars(run_dir)["charts/updates"]  # every logged step once (purge_step), counts carried over
     assert [s for s, _ in updates] == list(range(32, 257, 32))

@@ -79,12 +79,18 @@ def test_eval_video_wandb_and_evaluate_command(tmp_path):
     assert wandb_run["config"]["batch_size"] == 128 and wandb_run["config"]["world_size"] == 2
     assert list(wandb_dir.glob("wandb/offline-run-*/files/media/videos/**/*.mp4"))
 
-    # the evaluate command (sampled actions here, greedy in the continuous test); its video lands next to the run's
-    proc = evaluate(run_dir / "checkpoint.pt", "--episodes", 3, "--sample", "--capture-video")
+    # the evaluate command (sampled actions here, greedy in the continuous test); its video goes to --out-dir,
+    # never into the run it reads, and never over an existing video
+    out_dir = tmp_path / "evaluation"
+    proc = evaluate(run_dir / "checkpoint.pt", "--episodes", 3, "--sample", "--capture-video", "--out-dir", out_dir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ppo_multigpu CartPole-v1 at global step 512: return " in proc.stdout
     assert " ± " in proc.stdout and "over 3 sampled episodes" in proc.stdout
-    assert (run_dir / "videos/evaluate-step512.mp4").is_file()
+    assert (out_dir / "evaluate-step512.mp4").is_file()
+    assert sorted(p.name for p in (run_dir / "videos").iterdir()) == ["eval-step512.mp4"]
+    assert len(event_files(run_dir)) == 1 and tensorboard_images(run_dir, "eval/video") == [512]
+    again = evaluate(run_dir, "--episodes", 1, "--capture-video", "--out-dir", out_dir)
+    assert again.returncode == 2 and "evaluate-step512.mp4 exists: pass another --out-dir" in again.stderr
 
 
 # script: (flags, the global step of the first evaluation)
@@ -108,7 +114,7 @@ def test_target_return_stops_every_rank_at_the_same_iteration(tmp_path, script):
     assert proc.returncode == 0, proc.stdout + proc.stderr  # torchrun exits 0 only if both ranks did
     assert f"reached --target-return 0.0 at global step {step};" in proc.stdout
     run_dir = only_run_dir(tmp_path)
-    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert ckpt["global_step"] == step  # the final checkpoint, at the stop
     scalars = read_scalars(run_dir)
     assert [s for s, _ in scalars["eval/episodic_return"]] == [step]
@@ -119,12 +125,13 @@ def test_target_return_stops_every_rank_at_the_same_iteration(tmp_path, script):
     assert (run_dir / f"videos/eval-step{step}.mp4").stat().st_size > 1000
     assert tensorboard_images(run_dir, "eval/video") == [step]
 
-    proc = evaluate(run_dir, "--episodes", 2, "--capture-video")
+    out_dir = tmp_path.parent / f"{tmp_path.name}-evaluation"
+    proc = evaluate(run_dir, "--episodes", 2, "--capture-video", "--out-dir", out_dir, "--log-to-run")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"{script[:-3]} BreakoutNoFrameskip-v4 at global step {step}: return " in proc.stdout
     assert "over 2 sampled episodes" in proc.stdout  # the runs' own default (DQN: its --eval-epsilon 1.0)
-    assert (run_dir / f"videos/evaluate-step{step}.mp4").stat().st_size > 1000
-    assert tensorboard_images(run_dir, "eval/video") == [step, step]  # the run's, and the evaluate command's
+    assert (out_dir / f"evaluate-step{step}.mp4").stat().st_size > 1000
+    assert tensorboard_images(run_dir, "eval/video") == [step, step]  # the run's, and (--log-to-run) evaluate's
 
 
 @pytest.mark.parametrize("script", ["ppo_atari_multigpu", "dqn_atari_multigpu"])
@@ -158,7 +165,7 @@ def test_continuous_target_return_and_evaluate_with_normalisation(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "reached --target-return 0.0 at global step 128;" in proc.stdout
     run_dir = only_run_dir(tmp_path)
-    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert ckpt["iteration"] == 1 and ckpt["agent_kwargs"] == dict(obs_dim=4, action_dim=1)
     assert [step for step, _ in read_scalars(run_dir)["eval/episodic_return"]] == [128]
     proc = evaluate(run_dir, "--episodes", 2)

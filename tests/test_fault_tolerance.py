@@ -134,6 +134,16 @@ def first_checkpoint(runs_dir):
     return found[0] if found else None
 
 
+def events_past_checkpoint(runs_dir) -> bool:
+    """Whether the run's event file holds a step beyond its checkpoint's (events are synced before each checkpoint,
+    so a crash now leaves logged steps that the restart must not log twice)."""
+    path = first_checkpoint(runs_dir)
+    if path is None:
+        return False
+    step = load(path)["global_step"]  # replaced atomically: never a torn file
+    return any(s > step for s, _ in read_scalars(path.parent).get("charts/SPS", []))
+
+
 def assert_steps_complete(run_dir, iterations, script: Script, nproc=2):
     """One TensorBoard point per iteration: no step missing, none twice (purge_step after restarts)."""
     steps_per_iter = script.local_steps * nproc
@@ -173,7 +183,8 @@ def test_sigkill_of_a_worker_restarts_and_finishes_exactly(tmp_path):
         torchrun_args=["--standalone", "--nproc_per_node=2", "--max-restarts=1"],
         env=ELASTIC_ENV,
     )
-    wait_until(lambda: first_checkpoint(tmp_path), 120, proc, "first checkpoint")
+    # events past the checkpoint reached the file: the restart must drop them (purge_step), every step once
+    wait_until(lambda: events_past_checkpoint(tmp_path), 120, proc, "events past the first checkpoint")
     os.kill(child_pids(proc.pid)[0], signal.SIGKILL)  # rank 0 (TensorBoard writer, store host), mid-run
     result = finish(proc, 240)
     output = result.stdout + result.stderr

@@ -60,7 +60,7 @@ def check_run(run_dir: Path, world: int, iterations: int) -> dict:
     assert all(v == 2 * 2 for _, v in scalars["charts/updates_per_iteration"])
     assert [v for _, v in scalars["norm/count"]] == steps  # the statistics count every rank's samples
     assert all(np.isfinite(v) for _, v in scalars["norm/return_std"])
-    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert ckpt["obs_stats"]["count"].item() == ckpt["return_stats"]["count"].item() == steps[-1]
     assert ckpt["obs_stats"]["mean"].shape == (17,)
     return ckpt
@@ -96,7 +96,7 @@ def test_discrete_env_is_one_clear_line(tmp_path):
 
 def evaluate_checkpoint(checkpoint: Path, episodes: int) -> np.ndarray:
     """Returns of the mean action, with the observations normalised by the checkpoint's statistics."""
-    ckpt = torch.load(checkpoint, weights_only=False)
+    ckpt = torch.load(checkpoint, weights_only=True)
     args, device = Args(**ckpt["args"]), torch.device("cpu")
     eval_envs = make_eval_envs(args, episodes)
     returns, _, _ = evaluate(load_agent(ckpt, device), eval_envs, args, True, 10_000, device)

@@ -147,5 +147,9 @@ def test_resume_takes_sizes_from_the_checkpoint(tmp_path):
     assert "resuming at iteration 3, global step 128" in again.stdout
     steps = [s for s, _ in read_scalars(run_dir)["losses/value_loss"]]
     assert steps == [64, 128, 192, 256]
-    done = launch(SCRIPT, ["--resume", run_dir], nproc=0)  # a finished run: nothing left to do, exit 0
-    assert done.returncode == 0, done.stdout + done.stderr
+    files = sorted(p.name for p in run_dir.iterdir())
+    done = launch(SCRIPT, ["--resume", run_dir], nproc=0)  # a finished run: one line, before any log is opened
+    assert_one_line_error(
+        done, r"has finished: its checkpoint is at global step 256, and --total-timesteps 256", SCRIPT
+    )
+    assert sorted(p.name for p in run_dir.iterdir()) == files
