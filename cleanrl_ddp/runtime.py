@@ -309,8 +309,9 @@ def start(args: RunArgs, script: str, use_cuda: bool) -> Run:
         dist.init_process_group(run.backend, rank=rank, world_size=world_size, timeout=timeout, device_id=device_id)
     if run.is_main:
         backend = run.backend if world_size > 1 else "none (one process)"
-        ranks, threads = f"{world_size} rank(s) ({local_world_size} on this node)", f"{threads} thread(s) ({why})"
-        print(f"{script}: {ranks}, device {run.device}, {threads} per rank, backend {backend}", flush=True)
+        ranks = f"{world_size} rank(s) ({local_world_size} on this node)"
+        threads = f"{threads} thread(s) per rank ({why})"
+        print(f"{script}: {ranks}, device {run.device}, {threads}, backend {backend}", flush=True)
     return run
 
 
