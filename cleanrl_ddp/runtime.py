@@ -131,6 +131,20 @@ class Run:
 
 
 # ---------------------------------------------------------------------------------------------- launch
+def slurm_tasks_on_node(env) -> int:
+    """The tasks of this srun step on this node. Plain `srun --ntasks=N` sets no SLURM_NTASKS_PER_NODE (only
+    `--ntasks-per-node` does), so the step's layout is read: SLURM_STEP_TASKS_PER_NODE (or the job's
+    SLURM_TASKS_PER_NODE), one entry per node in SLURM's compressed form "2(x3),1", at SLURM_NODEID."""
+    layout = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+    if not layout:
+        return int(env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0])
+    per_node = []
+    for entry in layout.split(","):
+        count, _, repeat = entry.partition("(x")
+        per_node += [int(count)] * int(repeat.rstrip(")") or 1)
+    return per_node[int(env.get("SLURM_NODEID", 0))]
+
+
 def read_launch_env() -> tuple[int, int, int, int]:
     """(rank, local_rank, world_size, local_world_size) from torchrun's or SLURM's variables."""
     env = os.environ
@@ -141,8 +155,8 @@ def read_launch_env() -> tuple[int, int, int, int]:
         for var in ("MASTER_ADDR", "MASTER_PORT"):
             if var not in env:
                 raise RunError(f"under srun, export {var} (e.g. the first host of the job and a free port)")
-        local_world_size = int(env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0])
-        return int(env["SLURM_PROCID"]), int(env.get("SLURM_LOCALID", 0)), int(env["SLURM_NTASKS"]), local_world_size
+        rank, local_rank = int(env["SLURM_PROCID"]), int(env.get("SLURM_LOCALID", 0))
+        return rank, local_rank, int(env["SLURM_NTASKS"]), slurm_tasks_on_node(env)
     return 0, 0, 1, 1
 
 
@@ -255,6 +269,63 @@ def interrupt(run: Run) -> None:
         )
 
 
+def usable_cores(cgroup_file: str = "/proc/self/cgroup", mount: str = "/sys/fs/cgroup") -> int:
+    """The cores this process may run on: its CPU affinity, capped by a cgroup CPU quota (`docker --cpus`,
+    a Kubernetes CPU limit), which the affinity does not show."""
+    cores = len(os.sched_getaffinity(0))
+    try:
+        with open(cgroup_file) as f:  # "ID:CONTROLLERS:PATH" lines; cgroup v2 is "0::PATH"
+            groups = dict(line.rstrip("\n").split(":", 2)[1:] for line in f)
+    except (OSError, ValueError):
+        return cores
+    v1 = next((c for c in groups if "cpu" in c.split(",")), None)
+    if v1 is not None:  # cgroup v1: cpu.cfs_quota_us (-1: no quota) and cpu.cfs_period_us
+        root, files, path = f"{mount}/{v1}", ("cpu.cfs_quota_us", "cpu.cfs_period_us"), groups[v1]
+    else:  # cgroup v2: cpu.max, "QUOTA PERIOD" or "max PERIOD"
+        root, files, path = mount, ("cpu.max",), groups.get("", "/")
+    while True:  # the tightest quota of the group and its parents (in a container, only "/" may be visible)
+        try:
+            quota, period = " ".join(open(f"{root}{path}/{name}").read() for name in files).split()[:2]
+            if quota not in ("max", "-1"):
+                cores = min(cores, max(1, -(-int(quota) // int(period))))  # a part of a core counts as one
+        except (OSError, ValueError):
+            pass
+        if path in ("", "/"):
+            return cores
+        path = os.path.dirname(path.rstrip("/"))
+
+
+def user_omp_threads(env, agent_pid: Optional[int] = None) -> Optional[int]:
+    """OMP_NUM_THREADS if the user set it. torchrun sets it to 1 for its workers when the user did not: that
+    one is recognised by its absence from the torchrun agent's (the parent's) start-up environment."""
+    value = env.get("OMP_NUM_THREADS", "")
+    if not value:
+        return None
+    if "TORCHELASTIC_RUN_ID" in env:
+        try:
+            with open(f"/proc/{agent_pid or os.getppid()}/environ", "rb") as f:
+                if not any(v.startswith(b"OMP_NUM_THREADS=") for v in f.read().split(b"\0")):
+                    return None  # torchrun's default, not the user's
+        except OSError:  # not Linux: take it as the user's
+            pass
+    threads = value.split(",")[0]  # OpenMP's nested form "4,2": the outer level
+    if not threads.isdigit() or int(threads) < 1:
+        raise RunError(f"OMP_NUM_THREADS must be a positive integer, got {value!r}")
+    return int(threads)
+
+
+def threads_per_rank(env, local_world_size: int, cores: int) -> tuple[int, str]:
+    """(torch threads for this rank, why): a user's OMP_NUM_THREADS; else, when srun bound this task to CPUs of
+    its own (task/affinity sets SLURM_CPU_BIND_TYPE), all of them; else the usable cores shared by the node's ranks."""
+    omp = user_omp_threads(env)
+    if omp is not None:
+        return omp, "OMP_NUM_THREADS"
+    # torchrun's workers (LOCAL_WORLD_SIZE) inherit their agent's binding: one set for all of them
+    if env.get("SLURM_CPU_BIND_TYPE", "none") not in ("", "none") and "LOCAL_WORLD_SIZE" not in env:
+        return cores, f"srun bound it to {cores} core(s)"
+    return max(1, cores // local_world_size), f"{cores} core(s) / {local_world_size} rank(s)"
+
+
 def start(args: RunArgs, script: str, use_cuda: bool) -> Run:
     """Read the launcher, catch preemption signals, check the run flags, pick the device, join the process group."""
     rank, local_rank, world_size, local_world_size = read_launch_env()
@@ -270,13 +341,16 @@ def start(args: RunArgs, script: str, use_cuda: bool) -> Run:
     if run.device.type == "cuda":
         torch.cuda.set_device(run.device)
     # Each rank gets its share of the cores it may run on (torchrun would otherwise leave 1).
-    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // local_world_size))
+    threads, why = threads_per_rank(os.environ, local_world_size, usable_cores())
+    torch.set_num_threads(threads)
     if world_size > 1:
         timeout, device_id = timedelta(seconds=args.dist_timeout), run.device if run.backend == "nccl" else None
         dist.init_process_group(run.backend, rank=rank, world_size=world_size, timeout=timeout, device_id=device_id)
     if run.is_main:
         backend = run.backend if world_size > 1 else "none (one process)"
-        print(f"{script}: {world_size} rank(s), device {run.device}, backend {backend}", flush=True)
+        ranks = f"{world_size} rank(s) ({local_world_size} on this node)"
+        threads = f"{threads} thread(s) per rank ({why})"
+        print(f"{script}: {ranks}, device {run.device}, {threads}, backend {backend}", flush=True)
     return run
 
 

@@ -50,6 +50,10 @@ def launch_env(monkeypatch):
     monkeypatch.delenv("SLURM_STEP_ID", raising=False)
     for var in ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE"):
         monkeypatch.delenv(var, raising=False)
+    for var in ("SLURM_NTASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NODEID"):
+        monkeypatch.delenv(var, raising=False)
+    for var in ("SLURM_LOCALID", "SLURM_CPU_BIND_TYPE", "OMP_NUM_THREADS", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
     return monkeypatch
 
 
@@ -84,6 +88,75 @@ def test_read_launch_env_torchrun_slurm_and_plain(launch_env):
     for var, value in dict(RANK="3", WORLD_SIZE="4", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2").items():
         launch_env.setenv(var, value)
     assert rt.read_launch_env() == (3, 1, 4, 2)  # torchrun's variables win
+
+
+@pytest.mark.parametrize(
+    "layout, node_id, tasks",
+    [("2", "0", 2), ("2(x3),1", "2", 2), ("2(x3),1", "3", 1), ("1,3", "1", 3)],
+)
+def test_srun_without_ntasks_per_node_reads_the_steps_layout(launch_env, layout, node_id, tasks):
+    """Plain `srun --ntasks=N` sets SLURM_STEP_TASKS_PER_NODE, not SLURM_NTASKS_PER_NODE (seen on SLURM 22.05)."""
+    for var, value in dict(SLURM_NTASKS="7", SLURM_PROCID="6", SLURM_LOCALID="0", SLURM_NODEID=node_id).items():
+        launch_env.setenv(var, value)
+    launch_env.setenv("MASTER_ADDR", "127.0.0.1")
+    launch_env.setenv("MASTER_PORT", "29500")
+    launch_env.setenv("SLURM_STEP_TASKS_PER_NODE", layout)
+    assert rt.read_launch_env() == (6, 0, 7, tasks)
+    launch_env.delenv("SLURM_STEP_TASKS_PER_NODE")
+    launch_env.setenv("SLURM_TASKS_PER_NODE", layout)  # the job's layout, where a step's is not set
+    assert rt.read_launch_env() == (6, 0, 7, tasks)
+
+
+def test_threads_per_rank(launch_env):
+    """OMP_NUM_THREADS wins; a task that srun bound to CPUs of its own uses them all; else the cores are shared."""
+    assert rt.threads_per_rank({}, 2, 8) == (4, "8 core(s) / 2 rank(s)")
+    assert rt.threads_per_rank({}, 16, 8)[0] == 1
+    assert rt.threads_per_rank({"OMP_NUM_THREADS": "3"}, 2, 8) == (3, "OMP_NUM_THREADS")
+    assert rt.threads_per_rank({"OMP_NUM_THREADS": "3,1"}, 2, 8)[0] == 3  # OpenMP's nested form
+    bound = {"SLURM_CPU_BIND_TYPE": "mask_cpu:", "SLURM_PROCID": "1"}  # srun with task/affinity
+    assert rt.threads_per_rank(bound, 2, 8) == (8, "srun bound it to 8 core(s)")
+    assert rt.threads_per_rank({**bound, "SLURM_CPU_BIND_TYPE": "none"}, 2, 8)[0] == 4  # --cpu-bind=none
+    assert rt.threads_per_rank({**bound, "LOCAL_WORLD_SIZE": "2"}, 2, 8)[0] == 4  # torchrun inside an srun task
+    for value in ("0", "four", "-1"):
+        with pytest.raises(rt.RunError, match=f"OMP_NUM_THREADS must be a positive integer, got '{value}'"):
+            rt.threads_per_rank({"OMP_NUM_THREADS": value}, 2, 8)
+
+
+@pytest.mark.parametrize("user_set_it", [True, False])
+def test_torchruns_own_omp_num_threads_is_not_the_users(user_set_it):
+    """torchrun exports OMP_NUM_THREADS=1 to its workers unless the user set it: its agent's start-up environment
+    tells which (here a stand-in agent, its environment as torchrun's would be at start)."""
+    agent_env = {"PATH": os.environ["PATH"]} | ({"OMP_NUM_THREADS": "1"} if user_set_it else {})
+    agent = subprocess.Popen(["bash", "-c", "sleep 60; true"], env=agent_env)
+    try:
+        wait_until(lambda: Path(f"/proc/{agent.pid}/cmdline").read_bytes().startswith(b"bash"), 30)  # exec'd
+        worker_env = {"TORCHELASTIC_RUN_ID": "job", "LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
+        assert rt.user_omp_threads(worker_env, agent.pid) == (1 if user_set_it else None)
+    finally:
+        agent.kill()
+        agent.wait()
+
+
+V1 = "cpu,cpuacct/"  # where cgroup v1 mounts the cpu controller
+
+
+@pytest.mark.parametrize(
+    "cgroup, files, cores",
+    [
+        ("0::/job/step\n", {"job/cpu.max": "50000 100000", "job/step/cpu.max": "max 100000"}, 1),  # v2, a parent's
+        ("0::/\n", {"cpu.max": "max 100000"}, None),  # v2, no quota
+        ("3:cpu,cpuacct:/docker/x\n", {V1 + "cpu.cfs_quota_us": "20000", V1 + "cpu.cfs_period_us": "100000"}, 1),
+        ("3:cpu,cpuacct:/\n", {V1 + "cpu.cfs_quota_us": "-1", V1 + "cpu.cfs_period_us": "100000"}, None),
+    ],
+    ids=["v2-parent-quota", "v2-none", "v1-container-root", "v1-none"],
+)
+def test_usable_cores_reads_the_cgroup_cpu_quota(tmp_path, cgroup, files, cores):
+    (tmp_path / "cgroup").write_text(cgroup)
+    for name, text in files.items():
+        (tmp_path / "fs" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "fs" / name).write_text(text + "\n")
+    expected = cores or len(os.sched_getaffinity(0))  # no quota: the affinity
+    assert rt.usable_cores(str(tmp_path / "cgroup"), str(tmp_path / "fs")) == expected
 
 
 def test_launch_id_survives_restarts_and_requeues(launch_env):
