@@ -51,6 +51,12 @@ def run_command(script, env_id, seed, world_size, runs_dir, extra, portable=Fals
     return [*launcher, script, *extra, *tail]
 
 
+def rank_threads(world_size: int, cores=None) -> int:
+    """Threads per rank of a run at `world_size` on `cores` (default: this process's), as the scripts choose.
+    Shared by benchmark/throughput.py (the env-only ceiling) and benchmark/profile_rollout.py (the profiled rank)."""
+    return max(1, len(cores or os.sched_getaffinity(0)) // world_size)
+
+
 def grid(args) -> list[dict]:
     return [
         dict(script=args.script, env_id=env_id, seed=seed, world_size=ws, name=run_name(args.script, env_id, ws, seed))

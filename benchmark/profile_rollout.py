@@ -35,6 +35,8 @@ import torch
 import torch.nn as nn
 import torch.optim as optim
 
+from benchmark.harness import rank_threads
+
 PARTS = ("env", "policy", "copies", "bookkeeping", "update", "other")
 PART_NAMES = dict(env="env step", policy="policy step", copies="host<->device copies", bookkeeping="bookkeeping")
 PART_NAMES |= dict(update="update", other="other")
@@ -178,8 +180,6 @@ def profile_rank(script: str, env_id: str, world_size: int, num_envs: int, num_s
     process of its own; None when the script lacks the pieces (not an Atari PPO script)."""
     if not is_profilable(script):
         return None
-    from benchmark.throughput import rank_threads
-
     available = list(cores or sorted(os.sched_getaffinity(0)))
     threads = rank_threads(world_size, available)
     module_name = ".".join(Path(script).with_suffix("").parts)

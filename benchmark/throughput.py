@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmark.events import read_scalar_events
-from benchmark.harness import portable, run_command
+from benchmark.harness import portable, rank_threads, run_command
 
 SPS_TAG = "charts/SPS"
 CEILING = "env-only ceiling (random actions)"
@@ -124,11 +124,6 @@ def make_vector_env(module, env_id: str, num_envs: int, num_threads: int):
     import gymnasium as gym
 
     return gym.vector.SyncVectorEnv([module.make_env(env_id) for _ in range(num_envs)])
-
-
-def rank_threads(world_size: int, cores=None) -> int:
-    """Threads per rank of a run at `world_size` on `cores` (default: this process's), as the scripts choose."""
-    return max(1, len(cores or os.sched_getaffinity(0)) // world_size)
 
 
 def ceiling_worker(module_name, env_id, num_envs, num_threads, steps, rank, cores, barrier, results):

@@ -61,6 +61,8 @@ class ScriptSpec:
     two_nodes: bool = False
     """whether tests run the two-node launch and the diverged run for this script: launch, rank discovery and the
     replica check are the run module's, the same for every script, so one script (ppo_multigpu.py) carries them"""
+    whole_runs: tuple = (("ddp", 2), ("flat", 3))
+    """(gradient path, world size) of the instrumented whole-script runs that guarantees 1, 2 and 5-7 read"""
 
 
 SCRIPTS = {
@@ -84,6 +86,18 @@ SCRIPTS = {
             tiny=["--local-num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "2"],
             local_batch=32,
             target_kl=["--update-epochs", "8", "--learning-rate", "0.01", "--target-kl", "0.02"],
+        ),
+        ScriptSpec(
+            "ppo_atari_async_multigpu.py",  # the Atari PPO with its rollout in two halves (one env each here)
+            make_agent=lambda m: m.Agent(4),
+            make_obs=lambda n, g: torch.randint(0, 256, (n, 84, 84, 4), generator=g, dtype=torch.uint8).permute(
+                0, 3, 1, 2
+            ),
+            tiny=["--local-num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "2"],
+            local_batch=32,
+            # only the rollout differs from ppo_atari_multigpu.py: its update, gradient paths, --target-kl and odd
+            # world sizes are that script's (same functions), so one whole run, ddp on 2 ranks, covers the rollout
+            whole_runs=(("ddp", 2),),
         ),
         ScriptSpec(
             "ppo_continuous_action_multigpu.py",  # unit: HalfCheetah-v5's 17 observations, 6 actions
@@ -315,7 +329,7 @@ def observe(outdir: Path, script_path: str, script_args: list, nudge_after_step:
             rec["reset_seeds"].append(None if seeds is None else [int(s) for s in seeds])
             return reset(self, *a, seed=seed, **kw)
 
-        def recording_step(self, actions):
+        def record_actions(self, actions):
             if rec["rng_at_first_step"] is None:
                 import torch.distributed as dist
 
@@ -329,6 +343,9 @@ def observe(outdir: Path, script_path: str, script_args: list, nudge_after_step:
             rec["env_steps"] += self.num_envs
             if len(rec["actions"]) < 256:
                 rec["actions"] += np.asarray(actions).reshape(self.num_envs, -1).tolist()
+
+        def recording_step(self, actions):
+            record_actions(self, actions)
             result = step(self, actions)
             if isinstance(self, gym.vector.SyncVectorEnv):  # episode = terminated or truncated (not Atari's games)
                 running = self.__dict__.setdefault("_recorded", [np.zeros(self.num_envs), np.zeros(self.num_envs)])
@@ -340,6 +357,14 @@ def observe(outdir: Path, script_path: str, script_args: list, nudge_after_step:
             return result
 
         cls.reset, cls.step = recording_reset, recording_step
+        if hasattr(cls, "send") and hasattr(cls, "recv"):  # ALE's vector env: `step` is send + recv, and the
+            send = cls.send  # asynchronous variant calls send and recv itself; record at send, once either way
+
+            def recording_send(self, actions):
+                record_actions(self, actions)
+                return send(self, actions)
+
+            cls.step, cls.send = step, recording_send
 
     vector_envs = [gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv]
     try:

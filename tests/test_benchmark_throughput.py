@@ -145,3 +145,23 @@ def test_profile_mode_puts_the_split_next_to_the_runs_sps_and_ceiling(capsys):
     )
     shares = [int(cell.split("(")[1].rstrip("%) ")) for cell in profile_row[9:15]]  # env ... other
     assert 97 <= sum(shares) <= 103, profile_row  # rounded shares of one total
+
+
+def test_the_profile_does_not_import_the_throughput_tool():
+    """benchmark/throughput.py uses benchmark/profile_rollout.py (for --profile), never the other way round: what
+    both use (rank_threads) lives in benchmark/harness.py. Read from the sources, every import (nested ones too)."""
+    import ast
+    from pathlib import Path
+
+    def imported(path):
+        names = set()
+        for node in ast.walk(ast.parse(Path(path).read_text())):
+            if isinstance(node, ast.Import):
+                names |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                names |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+        return names
+
+    assert "benchmark.profile_rollout" in imported("benchmark/throughput.py")
+    assert not {"benchmark.throughput", "benchmark.throughput.rank_threads"} & imported("benchmark/profile_rollout.py")
+    assert "benchmark.harness.rank_threads" in imported("benchmark/profile_rollout.py")

@@ -80,7 +80,7 @@ def get_run(tmp_path_factory, script, grad_sync="ddp", nproc=2, two_nodes=False)
     return _runs[key]
 
 
-RUNS = [(script, grad_sync, nproc) for script in SCRIPTS for grad_sync, nproc in (("ddp", 2), ("flat", 3))]
+RUNS = [(script, grad_sync, nproc) for script, spec in SCRIPTS.items() for grad_sync, nproc in spec.whole_runs]
 
 
 @pytest.fixture(params=RUNS, ids=[f"{s[:-3]}-{g}-{n}ranks" for s, g, n in RUNS])
