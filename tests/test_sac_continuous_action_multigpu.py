@@ -5,8 +5,11 @@ equal to one process on the union, ddp == flat, schedules) are in tests/test_dis
 resume and the world-size change in tests/test_fault_tolerance.py.
 """
 
+import subprocess
+import sys
+
 import pytest
-from helpers import assert_one_line_error, launch, only_run_dir, read_scalars
+from helpers import REPO, assert_one_line_error, launch, only_run_dir, read_scalars
 
 from cleanrl_ddp.runtime import RunError
 from cleanrl_ddp.sac_continuous_action_multigpu import Args, derive_sizes
@@ -45,7 +48,8 @@ def test_bad_input_is_one_line(tmp_path, flags, pattern):
 
 def test_two_ranks_learn_pendulum(tmp_path):
     """2 ranks x 1 env, the default replay ratio (one update of the global batch 256 per iteration): rank 0's
-    deterministic actor, evaluated at the end, swings the pendulum up (a random policy scores about -1,200)."""
+    deterministic actor, evaluated at the end, swings the pendulum up (a random policy scores about -1,200); the
+    evaluate command plays the checkpoint through the script's evaluation interface."""
     flags = ["--env-id", "Pendulum-v1", "--total-timesteps", 8000, "--learning-starts", 1000]
     flags += ["--local-batch-size", 128, "--eval-every", 8000, "--eval-episodes", 4, "--runs-dir", tmp_path]
     proc = launch(SCRIPT, flags, nproc=2, timeout=420)
@@ -54,3 +58,9 @@ def test_two_ranks_learn_pendulum(tmp_path):
     (step, evaluated), *_ = scalars["eval/episodic_return"]
     assert step == 8000 and evaluated > -400, scalars["eval/episodic_return"]
     assert scalars["charts/updates"][-1][1] == (8000 - 1000) // 2  # one update per iteration of 2 global steps
+
+    evaluate = [sys.executable, "-m", "cleanrl_ddp.evaluate", only_run_dir(tmp_path), "--episodes", "2"]
+    proc = subprocess.run(evaluate, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "sac_continuous_action_multigpu Pendulum-v1 at global step 8000: return " in proc.stdout
+    assert "over 2 greedy episodes" in proc.stdout
