@@ -129,7 +129,8 @@ def check_env(env_id: str) -> None:
     env.close()
     for what, space in zip(("action", "observation"), spaces, strict=True):
         if not isinstance(space, gym.spaces.Box):
-            raise rt.RunError(f"--env-id {env_id} has a {type(space).__name__} {what} space; this script needs a Box one")
+            kind = type(space).__name__
+            raise rt.RunError(f"--env-id {env_id} has a {kind} {what} space; this script needs a Box one")
 
 
 # ALGO LOGIC: initialize agent here:
@@ -221,7 +222,8 @@ def main() -> None:
     envs = gym.vector.SyncVectorEnv(
         [make_env(args.env_id) for _ in range(local_num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
     )
-    obs_dim, action_dim = int(np.prod(envs.single_observation_space.shape)), int(np.prod(envs.single_action_space.shape))
+    obs_dim = int(np.prod(envs.single_observation_space.shape))
+    action_dim = int(np.prod(envs.single_action_space.shape))
     action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
     agent_kwargs = dict(obs_dim=obs_dim, action_dim=action_dim, action_low=action_low.tolist())
     agent_kwargs["action_high"] = action_high.tolist()
@@ -315,7 +317,8 @@ def main() -> None:
                 q_optimizer.step()
                 num_updates += 1
                 sums["updates"] += 1
-                for k, v in zip(losses, (qf1_a_values.mean(), qf2_a_values.mean(), qf1_loss, qf2_loss)):
+                critic_stats = (qf1_a_values.mean(), qf2_a_values.mean(), qf1_loss, qf2_loss)
+                for k, v in zip(losses[:4], critic_stats, strict=True):
                     sums[k] += v.detach().double()
 
                 if num_updates % args.policy_frequency == 0:  # TD3's delayed update
@@ -374,7 +377,8 @@ def main() -> None:
             with rt.off_the_clock(run):
                 video = f"eval-step{global_step}" if args.capture_video else None
                 seed = args.seed + 10**9 + global_step  # seeds no training env uses
-                result = evaluate(actor, eval_envs, args, args.eval_greedy, seed, device, video) if run.is_main else None
+                greedy = args.eval_greedy
+                result = evaluate(actor, eval_envs, args, greedy, seed, device, video) if run.is_main else None
                 reached = rt.log_evaluation(run, result, global_step)
 
         preempted = logging and rt.preempted(run)  # the vote, on logged steps only: every rank stops there

@@ -311,7 +311,8 @@ def unit_sac(script_path: str, rank: int, world_size: int) -> dict:
             start = k * world_size * local_mb + (rank * local_mb if distributed else 0)
             rows = slice(start, start + (local_mb if distributed else world_size * local_mb))
             data = {key: t[rows] for key, t in batch.items()}
-            _, _, qf1_loss, qf2_loss = mod.critic_loss(qf_model, qf_target, actor, **data, alpha=alpha, gamma=args.gamma)
+            losses = mod.critic_loss(qf_model, qf_target, actor, **data, alpha=alpha, gamma=args.gamma)
+            qf1_loss, qf2_loss = losses[2:]
             q_optimizer.zero_grad(set_to_none=False)
             (qf1_loss + qf2_loss).backward()
             if flat:
@@ -323,7 +324,8 @@ def unit_sac(script_path: str, rank: int, world_size: int) -> dict:
                     actor_loss = mod.policy_loss(actor_model, qf, data["obs"], alpha)
                     actor_optimizer.zero_grad(set_to_none=False)
                     actor_loss.backward()
-                    critic_grads_touched |= not torch.equal(flat_params(p.grad for p in qf.parameters()), grads["qf"][-1])
+                    critic_grads = flat_params(p.grad for p in qf.parameters())
+                    critic_grads_touched |= not torch.equal(critic_grads, grads["qf"][-1])
                     if flat:
                         mod.all_reduce_gradients_flat(list(actor.parameters()), ws)
                     grads["actor"].append(flat_params(p.grad for p in actor.parameters()))
@@ -359,7 +361,8 @@ def unit_sac(script_path: str, rank: int, world_size: int) -> dict:
                     rel_err(a, b) for a, b in zip(grads[name], ref_grads[name], strict=True)
                 ]
             for name in final:
-                out[f"{grad_sync}_{name}_update_rel_err"] = rel_err(final[name] - start[name], ref_final[name] - start[name])
+                change, ref_change = final[name] - start[name], ref_final[name] - start[name]
+                out[f"{grad_sync}_{name}_update_rel_err"] = rel_err(change, ref_change)
                 out[f"{grad_sync}_{name}_moved"] = float((ref_final[name] - start[name]).norm())
         for name in ref_final:
             out[f"ddp_vs_flat_{name}_update_rel_err"] = rel_err(
