@@ -56,6 +56,9 @@ class ScriptSpec:
     dqn: bool = False
     """a DQN script: td_loss with a target network (the script's own class), no --target-kl, no gradient clipping;
     the whole-script runs also record the target network"""
+    sac: bool = False
+    """an off-policy actor-critic script (SAC): its own unit test (`unit_sac`: critics, actor and log_alpha); the
+    whole-script runs record its target critics (class `TwinQ`) and every optimizer's final parameters"""
     update_rtol: float = 1e-5
     """tolerance of the parameter change in the equivalence test (the gradients are held to 1e-5 for every script)"""
     two_nodes: bool = False
@@ -124,6 +127,20 @@ SCRIPTS = {
             # the script's Adam eps is 1e-8 (CleanRL's), not PPO's 1e-5: Adam divides by |gradient| + eps, so entries
             # with gradients near fp32 rounding noise move by up to lr either way (measured 1.5e-5 relative)
             update_rtol=1e-4,
+        ),
+        ScriptSpec(
+            "sac_continuous_action_multigpu.py",  # unit: Hopper-v5's 11 observations, 3 actions
+            make_agent=lambda m: m.Actor(11, 3, [-1.0] * 3, [1.0] * 3),
+            make_obs=lambda n, g: torch.randn(n, 11, generator=g),
+            # whole runs on Pendulum-v1 (1 env per rank): updates from global step 32, two per iteration (8
+            # transitions per rank each), the actor and temperature after every 2nd, the targets after every one
+            tiny=["--env-id", "Pendulum-v1", "--local-num-envs", "1", "--buffer-size", "240", "--learning-starts"]
+            + ["32", "--local-batch-size", "8", "--updates-per-iteration", "2", "--log-every", "8"]
+            + ["--checkpoint-every", "0"],
+            local_batch=1,  # env steps per rank per iteration: --local-num-envs
+            iterations={2: 28, 3: 20},
+            sac=True,
+            update_rtol=1e-4,  # Adam's eps 1e-8, as DQN's
         ),
     ]
 }
@@ -251,6 +268,125 @@ def unit_script(script_path: str, rank: int, world_size: int) -> dict:
     return out
 
 
+def unit_sac(script_path: str, rank: int, world_size: int) -> dict:
+    """SAC's updates on 2 ranks (DDP and flat) against one process on the union of the local minibatches.
+
+    The script's own critic_loss, policy_loss, temperature_loss and all_reduce_gradients_flat, in the loop's
+    order: critic step; after every `policy_frequency`-th critic update that many actor and temperature steps;
+    a Polyak update of the target critics after each. The actor's Gaussian noise is a fixed table indexed by
+    (actor call, sample id), the id carried in observation feature 0, so both sides draw the same noise per sample.
+    """
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    module_spec = importlib.util.spec_from_file_location(Path(script_path).stem, script_path)
+    mod = sys.modules[module_spec.name] = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(mod)
+    spec, args = SCRIPTS[Path(script_path).name], mod.Args()
+    assert args.autotune and args.policy_frequency == 2 and args.target_network_frequency == 1
+
+    torch.manual_seed(0)
+    actor0, qf0 = spec.make_agent(mod), mod.TwinQ(11, 3)
+    local_mb, num_updates, action_dim = 8, 4, 3
+    n = num_updates * world_size * local_mb
+    g = torch.Generator().manual_seed(1)
+    obs, next_obs = spec.make_obs(n, g), spec.make_obs(n, g)
+    obs[:, 0], next_obs[:, 0] = torch.arange(n) / n, (torch.arange(n) + n) / n  # sample ids (observed as data)
+    batch = dict(obs=obs, actions=torch.rand(n, action_dim, generator=g) * 2 - 1, rewards=torch.randn(n, generator=g))
+    batch |= dict(next_obs=next_obs, terminations=(torch.rand(n, generator=g) < 0.25).float())
+    noise_table = torch.randn(64, 2 * n, action_dim, generator=g)
+    calls, real_randn = [0], torch.randn
+    last_input = []
+
+    def stash_input(module, inputs):
+        last_input[:] = [inputs[0]]
+
+    def table_randn(shape, generator=None, device=None):
+        ids = torch.round(last_input[0][:, 0] * n).long()
+        calls[0] += 1
+        return noise_table[calls[0] - 1, ids].reshape(shape)
+
+    def run(grad_sync: str, distributed: bool):
+        actor, qf = copy.deepcopy(actor0), copy.deepcopy(qf0)
+        qf_target = copy.deepcopy(qf0)
+        hook = actor.register_forward_pre_hook(stash_input)
+        ddp = distributed and grad_sync == "ddp"
+        actor_model = DDP(actor, forward_sync_buffers=False) if ddp else actor
+        qf_model = DDP(qf) if ddp else qf
+        q_optimizer = torch.optim.Adam(qf.parameters(), lr=args.q_lr)
+        actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.policy_lr)
+        log_alpha = torch.zeros(1, requires_grad=True)
+        a_optimizer = torch.optim.Adam([log_alpha], lr=args.q_lr)
+        alpha, ws = log_alpha.exp().item(), world_size if distributed else 1
+        flat = distributed and grad_sync == "flat"
+        grads = dict(qf=[], actor=[], log_alpha=[])
+        critic_grads_touched = False
+        calls[0] = 0
+        for k in range(num_updates):
+            start = k * world_size * local_mb + (rank * local_mb if distributed else 0)
+            rows = slice(start, start + (local_mb if distributed else world_size * local_mb))
+            data = {key: t[rows] for key, t in batch.items()}
+            losses = mod.critic_loss(qf_model, qf_target, actor, **data, alpha=alpha, gamma=args.gamma)
+            qf1_loss, qf2_loss = losses[2:]
+            q_optimizer.zero_grad(set_to_none=False)
+            (qf1_loss + qf2_loss).backward()
+            if flat:
+                mod.all_reduce_gradients_flat(list(qf.parameters()), ws)
+            grads["qf"].append(flat_params(p.grad for p in qf.parameters()))
+            q_optimizer.step()
+            if (k + 1) % args.policy_frequency == 0:
+                for _ in range(args.policy_frequency):
+                    actor_loss = mod.policy_loss(actor_model, qf, data["obs"], alpha)
+                    actor_optimizer.zero_grad(set_to_none=False)
+                    actor_loss.backward()
+                    critic_grads = flat_params(p.grad for p in qf.parameters())
+                    critic_grads_touched |= not torch.equal(critic_grads, grads["qf"][-1])
+                    if flat:
+                        mod.all_reduce_gradients_flat(list(actor.parameters()), ws)
+                    grads["actor"].append(flat_params(p.grad for p in actor.parameters()))
+                    actor_optimizer.step()
+                    a_loss = mod.temperature_loss(actor, log_alpha, data["obs"], -float(action_dim))
+                    a_optimizer.zero_grad(set_to_none=False)
+                    a_loss.backward()
+                    mod.all_reduce_gradients_flat([log_alpha], ws)  # the script's call, on both paths
+                    grads["log_alpha"].append(log_alpha.grad.detach().clone())
+                    a_optimizer.step()
+                    alpha = log_alpha.exp().item()
+            with torch.no_grad():
+                for param, target_param in zip(qf.parameters(), qf_target.parameters(), strict=True):
+                    target_param.lerp_(param, args.tau)
+        hook.remove()
+        final = dict(qf=flat_params(qf.parameters()), actor=flat_params(actor.parameters()))
+        final |= dict(log_alpha=log_alpha.detach().clone(), qf_target=flat_params(qf_target.parameters()))
+        return grads, final, critic_grads_touched
+
+    torch.randn = table_randn
+    try:
+        ref_grads, ref_final, _ = run("ddp", distributed=False)
+        start = dict(qf=flat_params(qf0.parameters()), actor=flat_params(actor0.parameters()))
+        start |= dict(log_alpha=torch.zeros(1), qf_target=start["qf"])
+        out = dict(script=spec.script, rank=rank, world_size=world_size, noise_calls=calls[0])
+        finals = {}
+        for grad_sync in ("ddp", "flat"):
+            grads, final, touched = run(grad_sync, distributed=True)
+            finals[grad_sync] = final
+            out[f"{grad_sync}_critic_grads_touched_by_actor"] = touched
+            for name in ("qf", "actor", "log_alpha"):
+                out[f"{grad_sync}_{name}_grad_rel_err"] = [
+                    rel_err(a, b) for a, b in zip(grads[name], ref_grads[name], strict=True)
+                ]
+            for name in final:
+                change, ref_change = final[name] - start[name], ref_final[name] - start[name]
+                out[f"{grad_sync}_{name}_update_rel_err"] = rel_err(change, ref_change)
+                out[f"{grad_sync}_{name}_moved"] = float((ref_final[name] - start[name]).norm())
+        for name in ref_final:
+            out[f"ddp_vs_flat_{name}_update_rel_err"] = rel_err(
+                finals["ddp"][name] - start[name], finals["flat"][name] - start[name]
+            )
+    finally:
+        torch.randn = real_randn
+    return out
+
+
 def unit(outdir: Path, script_paths: list) -> None:
     import torch.distributed as dist
 
@@ -258,7 +394,7 @@ def unit(outdir: Path, script_paths: list) -> None:
     dist.init_process_group("gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
     for script_path in script_paths:
-        out = unit_script(script_path, rank, world_size)
+        out = (unit_sac if SCRIPTS[Path(script_path).name].sac else unit_script)(script_path, rank, world_size)
         (outdir / f"{Path(script_path).stem}_unit_rank{rank}.json").write_text(json.dumps(out, indent=1))
     dist.destroy_process_group()
 
@@ -305,10 +441,11 @@ def observe(outdir: Path, script_path: str, script_args: list, nudge_after_step:
             rec["loss_entropies"].append((rec["env_steps"], float(output[2].float().mean())))
 
     register_module_forward_hook(record_loss_entropy)
-    if spec.dqn:
+    if spec.dqn or spec.sac:
+        network_class = "TwinQ" if spec.sac else "QNetwork"
 
         def record_network(module, inputs, output):
-            if type(module).__name__ == "QNetwork" and not any(module is m for m in networks):
+            if type(module).__name__ == network_class and not any(module is m for m in networks):
                 networks.append(module)
 
         register_module_forward_hook(record_network)
@@ -433,6 +570,11 @@ def observe(outdir: Path, script_path: str, script_args: list, nudge_after_step:
             opt = optimizers[0]
             rec["final_params"] = flat_params(p for g in opt.param_groups for p in g["params"])
             rec["final_optimizer"] = copy.deepcopy(opt.state_dict())
+            # every optimizer (SAC: critics, actor, log_alpha), in the order of their first step
+            rec["final_params_by_optimizer"] = [
+                flat_params(p for g in o.param_groups for p in g["params"]) for o in optimizers
+            ]
+            rec["final_optimizers"] = [copy.deepcopy(o.state_dict()) for o in optimizers]
         note_target_sync()  # a sync in the last iteration
         rec["final_targets"] = [flat_params(t.parameters()) for t in targets]
         builtins.open, os.replace = builtin_open, os_replace

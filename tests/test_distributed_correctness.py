@@ -99,7 +99,10 @@ def unit_dir(tmp_path_factory):
     return outdir
 
 
-@pytest.fixture(params=list(SCRIPTS), ids=[s[:-3] for s in SCRIPTS])
+UNIT = [s for s, spec in SCRIPTS.items() if not spec.sac]  # SAC's unit results: `unit_sac` below
+
+
+@pytest.fixture(params=UNIT, ids=[s[:-3] for s in UNIT])
 def unit(request, unit_dir):
     """The unit-level results of one script: a list of per-rank result dicts."""
     return [json.loads((unit_dir / f"{request.param[:-3]}_unit_rank{r}.json").read_text()) for r in range(2)]
@@ -137,7 +140,7 @@ def test_same_start(run):
         run.assert_finished()
         pytest.fail("the run finished without an optimizer step")
     assert_all_equal([r["params_before_first_update"] for r in run.ranks], "parameters before the first update")
-    if run.spec.dqn:  # and the target network, a copy of the online network
+    if run.spec.dqn or run.spec.sac:  # and the target network, a copy of the online network (SAC: the critics)
         targets = [r["targets_before_first_update"] for r in run.ranks]
         assert [len(t) for t in targets] == [1] * run.world_size, [len(t) for t in targets]
         assert_all_equal([t[0] for t in targets], "target network before the first update")
@@ -154,7 +157,15 @@ def test_no_drift(run):
     run.assert_finished()  # and --sync-check-every 1 found no difference at any iteration
     assert steps[0] >= 16, steps  # many updates
     assert not torch.equal(run.ranks[0]["final_params"], run.ranks[0]["params_before_first_update"])
-    if run.spec.dqn:  # the target network too, synced at least once since the start
+    if run.spec.sac:  # every learned quantity: critics, actor and log_alpha (their optimizers' parameters and state)
+        finals = [r["final_params_by_optimizer"] for r in run.ranks]
+        assert [len(f) for f in finals] == [3] * run.world_size, [len(f) for f in finals]
+        for i, what in enumerate(("critics", "actor", "log_alpha")):
+            assert_all_equal([f[i] for f in finals], f"final {what}")
+            for r in run.ranks[1:]:
+                assert_state_dicts_equal(r["final_optimizers"][i], run.ranks[0]["final_optimizers"][i], what)
+        assert not torch.equal(finals[0][2], torch.zeros(1)), "log_alpha never moved"
+    if run.spec.dqn or run.spec.sac:  # the target network too, synced at least once since the start
         assert_all_equal([r["final_targets"][0] for r in run.ranks], "final target network")
         assert not torch.equal(run.ranks[0]["final_targets"][0], run.ranks[0]["targets_before_first_update"][0])
 
@@ -270,6 +281,8 @@ def test_same_schedule(run):
     run.assert_finished()
     schedules = [r["update_env_steps"] for r in run.ranks]
     assert all(s == schedules[0] for s in schedules), schedules
+    if run.spec.sac:
+        return assert_sac_schedule(run, schedules[0])
     if not run.spec.dqn:
         return
     syncs = [r["target_sync_env_steps"] for r in run.ranks]
@@ -294,6 +307,59 @@ def test_same_schedule(run):
     assert syncs[0] == expected_syncs and len(expected_syncs) >= 2, (syncs[0], expected_syncs)
     ckpt = torch.load(run.run_dir / "checkpoint.pt", weights_only=True)
     assert (ckpt["num_updates"], ckpt["num_target_updates"]) == (len(expected_updates), len(expected_syncs))
+
+
+def assert_sac_schedule(run, schedule):
+    """SAC: --updates-per-iteration critic steps per iteration once the global step passes --learning-starts; after
+    every --policy-frequency-th critic update as many actor and log_alpha steps; the targets after every update."""
+    tiny = run.spec.tiny
+
+    def flag(name):
+        return int(tiny[tiny.index(name) + 1])
+
+    n, start, per_iteration, delay = run.batch_size, flag("--learning-starts"), flag("--updates-per-iteration"), 2
+    expected, expected_syncs, updates = [], [], 0
+    for g in range(n, run.iterations * n + 1, n):
+        if g > start:
+            local = g // run.world_size
+            for _ in range(per_iteration):
+                updates += 1
+                expected.append(local)  # the critics
+                if updates % delay == 0:
+                    expected += [local] * 2 * delay  # actor and log_alpha, `delay` times
+            expected_syncs.append(local)  # the target critics change after each update (seen once per iteration)
+    assert schedule == expected and updates >= 16, (schedule, expected)
+    syncs = [r["target_sync_env_steps"] for r in run.ranks]
+    assert all(s == expected_syncs for s in syncs), (syncs, expected_syncs)
+    ckpt = torch.load(run.run_dir / "checkpoint.pt", weights_only=False)
+    assert (ckpt["num_updates"], ckpt["num_actor_updates"]) == (updates, updates // delay * delay)
+
+
+# SAC: the 2-rank update equals the single-process one on the union of the minibatches, for the critics, the
+# actor AND log_alpha (which no DDP wrapper holds); the target critics follow; ddp == flat
+@pytest.fixture(scope="module")
+def unit_sac(unit_dir):
+    return [json.loads((unit_dir / f"sac_continuous_action_multigpu_unit_rank{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.mark.parametrize("grad_sync", ["ddp", "flat"])
+def test_sac_equivalence_with_single_process(unit_sac, grad_sync):
+    for r in unit_sac:
+        assert r["world_size"] == 2 and r["noise_calls"] == 12, r
+        for name in ("qf", "actor", "log_alpha"):
+            assert len(r[f"{grad_sync}_{name}_grad_rel_err"]) == 4, r  # 4 critic updates, 2 x 2 actor/alpha ones
+            assert max(r[f"{grad_sync}_{name}_grad_rel_err"]) < 1e-5, (name, r)
+        for name in ("qf", "actor", "log_alpha", "qf_target"):
+            assert r[f"{grad_sync}_{name}_moved"] > 1e-3, (name, r)
+            assert r[f"{grad_sync}_{name}_update_rel_err"] < SCRIPTS[r["script"]].update_rtol, (name, r)
+        # the actor's backward leaves the critics' gradients as the critic update left them
+        assert not r[f"{grad_sync}_critic_grads_touched_by_actor"], r
+
+
+def test_sac_ddp_and_flat_paths_agree(unit_sac):
+    for r in unit_sac:
+        for name in ("qf", "actor", "log_alpha", "qf_target"):
+            assert r[f"ddp_vs_flat_{name}_update_rel_err"] < 1e-6, (name, r)
 
 
 # 8. Odd world sizes (the 3-rank runs above) and two nodes
@@ -321,6 +387,11 @@ def test_reproducible(tmp_path_factory, tmp_path, script):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     first, again = (torch.load(d / "checkpoint.pt", weights_only=True) for d in (first.run_dir, only_run_dir(tmp_path)))
     assert again["global_step"] == first["global_step"] > 0
-    networks = [k for k in ("agent", "q_network", "target_network") if k in first]  # PPO: agent; DQN: the other two
-    for key in [*networks, "optimizer"]:
-        assert_state_dicts_equal(again[key], first[key], key)
+    # PPO: agent; DQN: q_network, target_network; SAC: actor, critics, targets, log_alpha and three optimizers
+    states = ("agent", "q_network", "target_network", "optimizer", "actor", "qf", "qf_target", "log_alpha")
+    states += ("actor_optimizer", "q_optimizer", "a_optimizer")
+    for key in [k for k in states if k in first]:
+        if torch.is_tensor(first[key]):
+            assert torch.equal(again[key], first[key]), key
+        else:
+            assert_state_dicts_equal(again[key], first[key], key)

@@ -103,6 +103,18 @@ DQN = Script(
     learning_rate=None,
     tags=("charts/epsilon", "charts/updates"),
 )
+# SAC on Pendulum-v1 (1 env per rank): updates from global step 16 (16 more after a resume: the buffer refill), the
+# actor and log_alpha after every 2nd; every iteration (2 global steps) logs and, under --checkpoint-every 2, saves
+SAC = Script(
+    "sac_continuous_action_multigpu.py",
+    "Pendulum-v1",
+    "MountainCarContinuous-v0",
+    ("--local-num-envs", 1, "--buffer-size", 64, "--learning-starts", 16, "--local-batch-size", 4)
+    + ("--updates-per-iteration", 2, "--log-every", 2),
+    local_steps=1,
+    learning_rate=None,
+    tags=("losses/alpha", "charts/updates"),
+)
 
 
 def case(script: Script, *values, name: str = "") -> pytest.param:
@@ -114,7 +126,7 @@ def case(script: Script, *values, name: str = "") -> pytest.param:
 
 
 # The scripts that run SIGTERM and --resume (their own state), and those whose resume is exact (their envs pickle)
-SCRIPTS = [case(PPO), case(CONTINUOUS), case(ATARI), case(DQN)]
+SCRIPTS = [case(PPO), case(CONTINUOUS), case(ATARI), case(DQN), case(SAC)]
 EXACT = (PPO, CONTINUOUS)
 # where a stopped 2-rank run is also resumed (default: one rank); ppo_multigpu resumes on one rank in the
 # elastic and SLURM tests below
@@ -369,6 +381,10 @@ def test_sigterm_then_resume_finishes_and_equals_the_uninterrupted_run(tmp_path,
     final = load(run_dir / "checkpoint.pt")
     assert final["global_step"] == iterations * steps_per_iter
     assert_steps_complete(run_dir, iterations, script)
+    if script is SAC:  # the counters went on from the checkpoint, and updates waited for the buffer refill
+        assert f"updates restart at global step {stopped_step + 16}" in resumed.stdout
+        refilled = iterations - stopped_at - 16 // steps_per_iter  # iterations with updates after the resume
+        assert final["num_updates"] == ckpt["num_updates"] + 2 * max(refilled, 0) > ckpt["num_updates"]
     if script in EXACT:
         expected = load(only_run_dir(tmp_path / "whole") / "checkpoint.pt")
         assert expected["global_step"] == final["global_step"]
