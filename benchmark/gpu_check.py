@@ -151,7 +151,8 @@ class Check:
     def failed(self, name: str, code, out: str, what: str = "", log_name: str = "") -> Result:
         """A FAIL line: the exit code (or the timeout), the last line of output, where the log is."""
         reason = f"no exit after {self.budget.timeout:.0f} s" if code is None else f"exit {code}"
-        last = next((line.strip() for line in reversed(out.splitlines()) if line.strip()), "")
+        lines = [line.strip() for line in out.splitlines() if re.search(r"\w", line)]  # not torchrun's ====== rules
+        last = next((line for line in reversed(lines) if ": error: " in line), lines[-1] if lines else "")
         log = self.logs / f"{(log_name or name).replace(':', '_').replace(' ', '_')}.log"
         return Result(name, "FAIL", f"{what or reason}: {last[:200]} (log: {log})")
 
