@@ -53,6 +53,11 @@ FEW_ITERATIONS = {
         "--target-network-frequency 64 --log-every 64",
         256,
     ),
+    # Pendulum-v1 (no MuJoCo needed), 1 env: updates from global step 64, one per step (192)
+    "sac_continuous_action_multigpu.py": (
+        "--env-id Pendulum-v1 --buffer-size 512 --learning-starts 64 --local-batch-size 32 --log-every 64",
+        256,
+    ),
 }
 NEEDS = {"ppo_continuous_action_multigpu.py": "mujoco"}  # a module beyond `pip install -e .`: skipped without it
 
