@@ -91,6 +91,15 @@ ATARI = Script(
     local_steps=16,
     learning_rate=2.5e-4,
 )
+# the rollout in two halves of one env each; its checkpoint and resume lines are the synchronous script's
+ASYNC = Script(
+    "ppo_atari_async_multigpu.py",
+    "BreakoutNoFrameskip-v4",
+    "PongNoFrameskip-v4",
+    ("--local-num-envs", 2, "--num-steps", 4, "--num-minibatches", 1, "--update-epochs", 1),
+    local_steps=2 * 4,
+    learning_rate=2.5e-4,
+)
 # --checkpoint-every and --log-every count global steps (4 per iteration here): every iteration logs and,
 # under --checkpoint-every 1 or 2, saves; updates start at global step 64 (after a resume, 64 steps later)
 DQN = Script(
@@ -126,7 +135,7 @@ def case(script: Script, *values, name: str = "") -> pytest.param:
 
 
 # The scripts that run SIGTERM and --resume (their own state), and those whose resume is exact (their envs pickle)
-SCRIPTS = [case(PPO), case(CONTINUOUS), case(ATARI), case(DQN), case(SAC)]
+SCRIPTS = [case(PPO), case(CONTINUOUS), case(ATARI), case(ASYNC), case(DQN), case(SAC)]
 EXACT = (PPO, CONTINUOUS)
 # where a stopped 2-rank run is also resumed (default: one rank); ppo_multigpu resumes on one rank in the
 # elastic and SLURM tests below
