@@ -278,8 +278,10 @@ def test_elastic_job_grows_when_a_node_joins_and_finishes_alone_after_losing_it(
 
 
 def requeue_attempt(tmp_path, job_id: int, ntasks: int, restart: int, flags) -> subprocess.Popen:
-    """One attempt of benchmark/slurm/requeue.sbatch as SLURM starts it, with its variables; this machine has no
-    SLURM, so `srun` and `scontrol` are stand-ins (tests/slurm_standins: tasks on this machine, requeues logged)."""
+    """One attempt of benchmark/slurm/requeue.sbatch as SLURM starts it, with its variables. A change of the node
+    count between attempts (the file's --nodes=1-2) needs two hosts: tests/test_slurm.py runs every other path on a
+    real SLURM, this one runs with stand-ins for `srun` and `scontrol` (tests/slurm_standins: tasks on this
+    machine with the variables a real srun sets, requeues logged)."""
     path = f"{REPO / 'tests' / 'slurm_standins'}:{Path(sys.executable).parent}:{os.environ['PATH']}"
     env = {**os.environ, "PATH": path, "PYTHONUNBUFFERED": "1", "SCRIPT": f"cleanrl_ddp/{PPO.name}"}
     env |= dict(SLURM_JOB_ID=str(job_id), SLURM_NTASKS=str(ntasks), SLURM_RESTART_COUNT=str(restart))

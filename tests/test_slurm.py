@@ -4,10 +4,12 @@ benchmark/slurm/requeue.sbatch itself through its signal paths (the warning befo
 `scancel --signal=USR1 --full`, a plain `scancel`, a partition preemption). docs/runtime.md, "SLURM", says
 what each path does; these tests check it.
 
-What one host cannot play keeps no test here: a job on two nodes (a requeue onto another node count, the
-tasks-per-node entry of a second node; tests/test_runtime.py reads the compressed layouts SLURM gives then).
+One host cannot play a job on two nodes: the requeue onto another node count keeps its stand-ins for srun and
+scontrol (tests/test_fault_tolerance.py), and tests/test_runtime.py reads the compressed tasks-per-node layouts
+that SLURM gives a job on several nodes.
 """
 
+import math
 import os
 import re
 import shutil
@@ -62,6 +64,15 @@ class Cluster:
                 raise AssertionError(f"job {job_id}: no {what} within {timeout} s: {job}\n{text}")
             time.sleep(0.2)
 
+    def cancel_all(self, timeout: float = 60) -> None:
+        """End every job (running ones by SIGKILL, no grace) and wait until the queue is empty."""
+        self.run("scancel", "--signal=KILL", "--full", "--state=RUNNING", "--user=root", check=False)
+        self.run("scancel", "--user=root", check=False)
+        deadline = time.monotonic() + timeout
+        while (queue := self.run("squeue", "-h", check=False).strip()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not queue, f"jobs left after {timeout} s:\n{queue}"
+
     def finish(self, job_id: int, timeout: float, log: Path) -> dict:
         """Wait until the job has ended for good. A requeued job waits PENDING (Reason=BeginTime) until the old
         attempt's credential has expired (cred_expire, 10 s here, 120 s by default), then for the scheduler's
@@ -74,6 +85,18 @@ class Cluster:
             return job["JobState"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
 
         return self.wait_for(job_id, ended, timeout, log, "end")
+
+
+def processes_with(variable: bytes) -> list[int]:
+    """The processes whose start-up environment holds `variable` ("NAME=value")."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and variable in (proc / "environ").read_bytes().split(b"\0"):
+                pids.append(int(proc.name))
+        except OSError:  # gone, or not ours to read
+            continue
+    return pids
 
 
 def stop(procs: dict) -> None:
@@ -167,15 +190,24 @@ PartitionName=high Nodes={node} MaxTime=INFINITE State=UP PriorityTier=2
             time.sleep(0.2)
         yield cluster
     finally:
-        # End every job first: a job's slurmstepd outlives slurmd
-        if "slurmctld" in procs and procs["slurmctld"].poll() is None:
-            cluster.run("scancel", "--full", "--signal=KILL", "--user=root", check=False)
-            cluster.run("scancel", "--user=root", check=False)
-            deadline = time.monotonic() + 60
-            while cluster.run("squeue", "-h", check=False).strip() and time.monotonic() < deadline:
-                time.sleep(0.5)
-        stop(procs)
+        try:  # end every job first: a job's slurmstepd outlives slurmd
+            if "slurmctld" in procs and procs["slurmctld"].poll() is None:
+                cluster.cancel_all()
+        finally:
+            stop(procs)
+            # a job that started while the cluster went down (a requeue) outlives it: its slurmstepd, shell and
+            # tasks, like every process this cluster started, carry its SLURM_CONF
+            for pid in processes_with(f"SLURM_CONF={root / 'slurm.conf'}".encode()):
+                if pid != os.getpid():
+                    os.kill(pid, signal.SIGKILL)
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def cluster(slurm):
+    """The session's SLURM, with no job of this test left behind (a requeued job would hold the node)."""
+    yield slurm
+    slurm.cancel_all()
 
 
 def srun(cluster, *options, env=None, timeout=120) -> subprocess.CompletedProcess:
@@ -189,22 +221,30 @@ def srun(cluster, *options, env=None, timeout=120) -> subprocess.CompletedProces
 @pytest.mark.parametrize(
     "options, env, threads",
     [
-        (["--ntasks=2", "--cpu-bind=none"], {}, r"1 thread\(s\) per rank \(2 core\(s\) / 2 rank\(s\)\)"),
-        (["--ntasks=2", "--ntasks-per-node=2"], {}, r"1 thread\(s\) per rank \(srun bound it to 1 core\(s\)\)"),
-        (["--ntasks=2"], {"OMP_NUM_THREADS": "2"}, r"2 thread\(s\) per rank \(OMP_NUM_THREADS\)"),
+        (["--ntasks=2", "--cpu-bind=none"], {}, "{half} thread(s) per rank ({cores} core(s) / 2 rank(s))"),
+        (["--ntasks=2", "--ntasks-per-node=2"], {}, "1 thread(s) per rank (srun bound it to 1 core(s))"),
+        (["--ntasks=2"], {"OMP_NUM_THREADS": "3"}, "3 thread(s) per rank (OMP_NUM_THREADS)"),
     ],
     ids=["plain", "ntasks-per-node-bound", "omp-num-threads"],
 )
-def test_srun_two_tasks_know_their_node_and_threads(slurm, options, env, threads):
+def test_srun_two_tasks_know_their_node_and_threads(cluster, options, env, threads):
     """Plain `srun --ntasks=2` sets no SLURM_NTASKS_PER_NODE: the ranks still count 2 on the node and share its
-    cores; a task that srun bound (task/affinity, its default here) takes its own cores; OMP_NUM_THREADS wins."""
-    if int(slurm.run("sinfo", "-h", "-o", "%c").strip()) != 2:
-        pytest.skip("the expected thread counts are for a 2-core node")
-    result = srun(slurm, *options, env=env)
+    cores; a task that srun bound (task/affinity, its default here: one core per task) takes its own cores;
+    OMP_NUM_THREADS wins."""
+    cores = int(cluster.run("sinfo", "-h", "-o", "%c").strip())
+    result = srun(cluster, *options, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert re.search(
-        rf"^ppo_multigpu: 2 rank\(s\) \(2 on this node\), device cpu, {threads}, backend gloo$", result.stdout, re.M
-    ), result.stdout
+    threads = threads.format(half=max(1, cores // 2), cores=cores)
+    line = f"ppo_multigpu: 2 rank(s) (2 on this node), device cpu, {threads}, backend gloo"
+    assert line in result.stdout.splitlines(), result.stdout
+
+
+def wait_for_checkpoint(cluster: Cluster, job_id: int, log: Path, runs: Path) -> None:
+    """Wait for the run's first checkpoint (its tasks have started and handle the signals)."""
+    running = ("PENDING", "CONFIGURING", "RUNNING")
+    job = cluster.wait_for(job_id, lambda j: first_checkpoint(runs) or j["JobState"] not in running, 180, log, "start")
+    text = log.read_text() if log.exists() else ""
+    assert first_checkpoint(runs), f"job {job_id} ended before its first checkpoint: {job}\n{text}"
 
 
 def submit_requeue(cluster, tmp_path, iterations: int, *options) -> tuple[int, Path, Path]:
@@ -216,38 +256,44 @@ def submit_requeue(cluster, tmp_path, iterations: int, *options) -> tuple[int, P
     return job_id, log, runs
 
 
-def task_pids(job_id: int) -> list[int]:
-    """The process ids of the job's tasks (its `python` processes; srun's command line names the script too)."""
+def task_pids(cluster: Cluster, job_id: int) -> list[int]:
+    """The process ids of the job's tasks: its `python` processes (srun's command line names the script too)."""
     pids = []
-    for proc in Path("/proc").iterdir():
+    for pid in processes_with(f"SLURM_CONF={cluster.env['SLURM_CONF']}".encode()):
         try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-            environ = (proc / "environ").read_bytes().split(b"\0")
-        except OSError:  # not a process, or gone
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:  # gone
             continue
         if Path(argv[0].decode()).name.startswith("python") and f"SLURM_JOB_ID={job_id}".encode() in environ:
-            pids.append(int(proc.name))
+            pids.append(pid)
     return sorted(pids)
 
 
-def hold(job_id: int, sig: signal.Signals, timeout: float) -> None:
-    """Stop the job's tasks (SIGSTOP) until SLURM has sent them `sig`, then let them go on: the signal comes
-    mid-run however fast this machine trains. A task that SLURM continued (it sends SIGCONT with some signals), or
-    that has already ended, needs no more waiting."""
-    tasks = task_pids(job_id)
+def hold(cluster: Cluster, job_id: int, sig: signal.Signals, timeout: float, then=lambda: None) -> None:
+    """Stop the job's tasks (SIGSTOP), call `then`, and let them go on once SLURM has sent them `sig`: the signal
+    comes mid-run however fast this machine trains. A task that SLURM continued (it sends SIGCONT with some
+    signals), or that has already ended, needs no more waiting."""
+    tasks = task_pids(cluster, job_id)
     for pid in tasks:
         os.kill(pid, signal.SIGSTOP)
 
-    def received(pid):
+    def status(pid) -> str:
         try:
-            status = Path(f"/proc/{pid}/status").read_text()
-        except OSError:
-            return True
-        pending = int(re.search(r"^ShdPnd:\s*(\w+)", status, re.M).group(1), 16)
-        stopped = re.search(r"^State:\s*T", status, re.M) is not None
-        return bool(pending & (1 << (sig - 1))) or not stopped
+            return Path(f"/proc/{pid}/status").read_text()
+        except OSError:  # ended
+            return "State:\tX (dead)\nShdPnd:\t0\n"
+
+    def stopped(pid) -> bool:
+        return re.search(r"^State:\s*[TX]", status(pid), re.M) is not None
+
+    def received(pid) -> bool:
+        pending = int(re.search(r"^ShdPnd:\s*(\w+)", status(pid), re.M).group(1), 16)
+        return bool(pending & (1 << (sig - 1))) or not stopped(pid)
 
     try:
+        wait_until(lambda: all(stopped(pid) for pid in tasks), 30, what="the tasks stopped")
+        then()
         wait_until(lambda: all(received(pid) for pid in tasks), timeout, what=f"{sig.name} from SLURM")
     finally:
         for pid in tasks:
@@ -257,19 +303,29 @@ def hold(job_id: int, sig: signal.Signals, timeout: float) -> None:
                 pass
 
 
-def test_requeue_sbatch_saves_before_its_time_limit_and_resumes_after_the_requeue(slurm, tmp_path):
-    """--time=2 and the file's --signal=USR1@90: SIGUSR1 reaches the tasks before the time limit (SLURM checks
-    every 30 s, so it comes 30 to 60 s into the job); they save and exit 75, the script requeues the job, and the
-    requeued job resumes in the same run directory and finishes: exit 0, every logged step once."""
+def test_requeue_sbatch_saves_before_its_time_limit_and_resumes_after_the_requeue(cluster, tmp_path):
+    """The file's --signal=USR1@90: SIGUSR1 reaches the tasks before the time limit; they save and exit 75, the
+    script requeues the job, and the requeued job resumes in the same run directory and finishes: exit 0, every
+    logged step once. The job starts with --time=10; once its tasks run, its time limit is lowered to 1-2
+    minutes from now (SLURM checks every 30 s, so the signal comes within a minute; never before the tasks
+    handle it, however slowly this machine starts them)."""
     iterations = 30
-    job_id, log, runs = submit_requeue(slurm, tmp_path, iterations, "--time=2")
-    wait_until(lambda: first_checkpoint(runs), 120, what="first checkpoint")
-    hold(job_id, signal.SIGUSR1, 120)
-    job = slurm.finish(job_id, 240, log)
+    job_id, log, runs = submit_requeue(cluster, tmp_path, iterations, "--time=10")
+    wait_for_checkpoint(cluster, job_id, log, runs)
+
+    def lower_the_time_limit():
+        elapsed = (datetime.now() - datetime.fromisoformat(cluster.job(job_id)["StartTime"])).total_seconds()
+        minutes = math.ceil((elapsed + 60) / 60)  # the limit 60 to 120 s from now: the warning is due
+        cluster.run("scontrol", "update", f"JobId={job_id}", f"TimeLimit={minutes}")
+
+    hold(cluster, job_id, signal.SIGUSR1, 120, then=lower_the_time_limit)
+    cluster.wait_for(job_id, lambda j: j["JobState"] == "PENDING", 120, log, "requeue")
+    # the resumed attempt gets the time to finish: otherwise a busy machine restarts it before it ends
+    cluster.run("scontrol", "update", f"JobId={job_id}", "TimeLimit=10")
+    job = cluster.finish(job_id, 240, log)
     text = log.read_text()
-    assert (job["JobState"], job["ExitCode"]) == ("COMPLETED", "0:0"), text
-    assert int(job["Restarts"]) >= 1, text  # a slow machine may need a second warning and requeue
-    assert f"preempted (exit 75): checkpoint saved, requeueing job {job_id}" in text, text
+    assert (job["JobState"], job["ExitCode"], job["Restarts"]) == ("COMPLETED", "0:0", "1"), text
+    assert f"preempted (exit 75): checkpoint saved, requeueing job {job_id}" in text
     assert "resuming at iteration" in text, text
     run_dir = only_run_dir(runs)
     assert run_dir.name.endswith(f"__slurm{job_id}")
@@ -277,14 +333,14 @@ def test_requeue_sbatch_saves_before_its_time_limit_and_resumes_after_the_requeu
     assert_steps_complete(run_dir, iterations, PPO)
 
 
-def test_scancel_signal_usr1_full_saves_and_requeues(slurm, tmp_path):
+def test_scancel_signal_usr1_full_saves_and_requeues(cluster, tmp_path):
     """`scancel --signal=USR1 --full` signals the batch shell too: its trap passes the signal on, the tasks save and
     exit 75, and the job is requeued (before, the shell died of SIGUSR1 and the job ended FAILED)."""
-    job_id, log, runs = submit_requeue(slurm, tmp_path, 10_000)
-    wait_until(lambda: first_checkpoint(runs), 120, what="first checkpoint")
-    slurm.run("scancel", "--signal=USR1", "--full", str(job_id))
-    job = slurm.wait_for(job_id, lambda j: j["JobState"] == "PENDING", 120, log, "requeue")
-    slurm.run("scancel", str(job_id))  # a pending job: cancelled at once
+    job_id, log, runs = submit_requeue(cluster, tmp_path, 10_000)
+    wait_for_checkpoint(cluster, job_id, log, runs)
+    cluster.run("scancel", "--signal=USR1", "--full", str(job_id))
+    job = cluster.wait_for(job_id, lambda j: j["JobState"] == "PENDING", 120, log, "requeue")
+    cluster.run("scancel", str(job_id))  # a pending job: cancelled at once
     text = log.read_text()
     assert job["Reason"] == "BeginTime" and job["Restarts"] == "1", job
     assert "batch script: SIGUSR1, passed on to the tasks" in text, text
@@ -292,13 +348,13 @@ def test_scancel_signal_usr1_full_saves_and_requeues(slurm, tmp_path):
     assert "preempted by a signal at global step" in text, text
 
 
-def test_plain_scancel_saves_and_stops_without_a_requeue(slurm, tmp_path):
+def test_plain_scancel_saves_and_stops_without_a_requeue(cluster, tmp_path):
     """A plain `scancel JOB` sends SIGTERM to the tasks and the batch shell: the tasks save and exit 75 within
     KillWait, and the script does not requeue a cancelled job (before, it did: scancel could not stop a run)."""
-    job_id, log, runs = submit_requeue(slurm, tmp_path, 10_000)
-    wait_until(lambda: first_checkpoint(runs), 120, what="first checkpoint")
-    slurm.run("scancel", str(job_id))
-    job = slurm.wait_for(job_id, lambda j: j["JobState"] not in ("RUNNING", "COMPLETING"), 120, log, "end")
+    job_id, log, runs = submit_requeue(cluster, tmp_path, 10_000)
+    wait_for_checkpoint(cluster, job_id, log, runs)
+    cluster.run("scancel", str(job_id))
+    job = cluster.wait_for(job_id, lambda j: j["JobState"] not in ("RUNNING", "COMPLETING"), 120, log, "end")
     wait_until(lambda: "not requeued" in log.read_text(), 30, what="the script's last line")
     text = log.read_text()
     assert (job["JobState"], job["Restarts"]) == ("CANCELLED", "0"), job
@@ -307,19 +363,19 @@ def test_plain_scancel_saves_and_stops_without_a_requeue(slurm, tmp_path):
     assert load(only_run_dir(runs) / "checkpoint.pt")["global_step"] == step
 
 
-def test_preempted_by_a_higher_priority_partition_saves_requeues_and_finishes(slurm, tmp_path):
+def test_preempted_by_a_higher_priority_partition_saves_requeues_and_finishes(cluster, tmp_path):
     """A job in partition `high` preempts the running job in `low` (PreemptMode=CANCEL, GraceTime=60): the tasks
     get SIGTERM, save and exit 75 within the grace time, the script requeues the job, the high-priority job runs,
     and the requeued job resumes and finishes."""
     iterations = 30
-    job_id, log, runs = submit_requeue(slurm, tmp_path, iterations, "--partition=low")
-    wait_until(lambda: first_checkpoint(runs), 120, what="first checkpoint")
-    high = slurm.sbatch("--partition=high", "--ntasks=2", f"--output={tmp_path / 'high.log'}", "--wrap=sleep 1")
-    hold(job_id, signal.SIGTERM, 120)
-    job = slurm.finish(job_id, 240, log)
+    job_id, log, runs = submit_requeue(cluster, tmp_path, iterations, "--partition=low")
+    wait_for_checkpoint(cluster, job_id, log, runs)
+    high = cluster.sbatch("--partition=high", "--exclusive", f"--output={tmp_path / 'high.log'}", "--wrap=sleep 1")
+    hold(cluster, job_id, signal.SIGTERM, 120)
+    job = cluster.finish(job_id, 240, log)
     text = log.read_text()
     assert (job["JobState"], job["ExitCode"], job["Restarts"]) == ("COMPLETED", "0:0", "1"), text
-    assert slurm.job(high)["JobState"] == "COMPLETED"
+    assert cluster.job(high)["JobState"] == "COMPLETED"
     assert f"preempted (exit 75): checkpoint saved, requeueing job {job_id}" in text, text
     assert "resuming at iteration" in text, text
     assert_steps_complete(only_run_dir(runs), iterations, PPO)
