@@ -894,10 +894,9 @@ def open_logs(run: Run, sizes: dict, ckpt: Optional[dict]) -> None:
     error = None
     if run.is_main:  # created only now: a run that fails its checks before this writes nothing
         try:
-            if run.new_dir:  # exclusively: never into a directory another run created
-                os.makedirs(os.path.dirname(run.run_dir) or ".", exist_ok=True)
-                os.mkdir(run.run_dir)
-                with open(os.path.join(run.run_dir, FLAGS_FILE), "w") as f:
+            if run.new_dir:  # claimed exclusively: never into a directory another run created
+                os.makedirs(run.run_dir, exist_ok=True)  # (rank 0's evaluation recorder may have made it)
+                with open(os.path.join(run.run_dir, FLAGS_FILE), "x") as f:
                     json.dump(dict(script=run.script, args=asdict(run.args)), f, indent=1)
             else:
                 probe = os.path.join(run.run_dir, f".write-test.{os.getpid()}")

@@ -13,6 +13,10 @@ from helpers import assert_one_line_error, launch
 from cleanrl_ddp import evaluate
 from cleanrl_ddp import runtime as rt
 
+# a run of 32 steps: without its check, a bad flag would train (or crash) in seconds, not for the default budget
+DQN_TINY = ("--total-timesteps", 32, "--local-num-envs", 1, "--buffer-size", 32, "--learning-starts", 16)
+DQN_TINY += ("--train-frequency", 4, "--local-batch-size", 4, "--log-every", 8)
+PPO_TINY = ("--total-timesteps", 32, "--local-num-envs", 1, "--num-steps", 16, "--num-minibatches", 1)
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_JOB_ID")
 
 
@@ -41,12 +45,24 @@ def main_in_process(monkeypatch, tmp_path):
 @pytest.mark.parametrize(
     "script, flags, message",
     [
-        ("ppo_multigpu", ("--env-id", "FrozenLake-v1"), "--env-id FrozenLake-v1 has a Discrete observation space"),
-        ("ppo_multigpu", ("--env-id", "Blackjack-v1"), "--env-id Blackjack-v1 has a Tuple observation space"),
-        ("dqn_atari_multigpu", ("--exploration-fraction", 0), "--exploration-fraction must be positive, got 0.0"),
-        ("dqn_atari_multigpu", ("--repeat-action-probability", 2), "--repeat-action-probability must be between 0"),
-        ("ppo_multigpu", ("--dist-timeout", "inf"), "--dist-timeout must be positive (seconds) and at most 31536000"),
-        ("ppo_multigpu", ("--run-name", ".."), "--run-name must be a plain name"),
+        (
+            "ppo_multigpu",
+            ("--env-id", "FrozenLake-v1", *PPO_TINY),
+            "--env-id FrozenLake-v1 has a Discrete observation space",
+        ),
+        (
+            "ppo_multigpu",
+            ("--env-id", "Blackjack-v1", *PPO_TINY),
+            "--env-id Blackjack-v1 has a Tuple observation space",
+        ),
+        ("dqn_atari_multigpu", ("--exploration-fraction", 0, *DQN_TINY), "--exploration-fraction must be positive"),
+        ("dqn_atari_multigpu", ("--repeat-action-probability", 2, *DQN_TINY), "--repeat-action-probability must be"),
+        (
+            "ppo_multigpu",
+            ("--dist-timeout", "inf", *PPO_TINY),
+            "--dist-timeout must be positive (seconds) and at most 31536000",
+        ),
+        ("ppo_multigpu", ("--run-name", "..", *PPO_TINY), "--run-name must be a plain name"),
     ],
     ids=[
         "frozenlake",

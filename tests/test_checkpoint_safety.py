@@ -76,7 +76,7 @@ def test_env_state_as_data_continues_the_env_bit_for_bit(env_id):
     """Saved mid-episode, loaded with weights_only=True into a fresh env: 300 more steps, resets included, equal."""
     if env_id.endswith("-v5"):
         pytest.importorskip("mujoco")
-    original = gym.make(env_id)
+    original = gym.make(env_id, max_episode_steps=10)  # short: most episodes end by TimeLimit
     original.reset(seed=5)
     actions = np.random.default_rng(0)
     act = (
@@ -84,14 +84,14 @@ def test_env_state_as_data_continues_the_env_bit_for_bit(env_id):
         if env_id == "CartPole-v1"
         else (lambda: actions.uniform(-3, 3, size=1).astype(np.float32))
     )
-    for _ in range(30):
+    for _ in range(33):  # mid-episode
         if any(original.step(act())[2:4]):
             original.reset()
     buffer = io.BytesIO()
     torch.save([rt.env_state(original)], buffer)
     buffer.seek(0)
     states = torch.load(buffer, weights_only=True)  # no allow-list: tensors, numbers, strings, lists and dicts
-    restored = gym.make(env_id)
+    restored = gym.make(env_id, max_episode_steps=10)
     restored.reset(seed=99)
     assert rt.set_env_states(SimpleNamespace(is_main=True), [restored], states)
     resets = 0
@@ -228,10 +228,14 @@ def test_a_saved_module_env_id_is_refused_unless_given_here(tmp_path, main_in_pr
 
 
 def test_evaluate_accepts_only_the_packages_own_scripts(tmp_path):
+    """A `script` value is a module name of the package, never a path, even one to a file that exists."""
+    (tmp_path / "elsewhere_multigpu.py").write_text(f"open({str(tmp_path / 'imported')!r}, 'w').close()\n")
     path = tmp_path / "checkpoint.pt"
-    torch.save(dict(script="../x_multigpu", args={}), path)
-    with pytest.raises(evaluate.EvalError, match="'../x_multigpu', which is not a script of this cleanrl_ddp"):
+    script = os.path.relpath(tmp_path / "elsewhere_multigpu", os.path.dirname(evaluate.__file__))
+    torch.save(dict(script=script, args={}), path)
+    with pytest.raises(evaluate.EvalError, match=r"'\.\./.*elsewhere_multigpu', which is not a script of this"):
         evaluate.main([str(path)])
+    assert not (tmp_path / "imported").exists()
     assert {"ppo_multigpu", "dqn_atari_multigpu", "ppo_continuous_action_multigpu"} <= evaluate.package_scripts()
 
 
@@ -313,22 +317,29 @@ def test_second_ctrl_c_stops_at_once():
         rt.interrupt(run)
 
 
-def test_an_error_exit_still_closes_the_writer(tmp_path, clean_launch):
-    """A scalar logged just before a failure reaches the events: `exit_codes` closes the logs (forked child)."""
+def test_an_error_exit_still_closes_the_writer_and_wandb(tmp_path, clean_launch):
+    """A failure after the logs were opened: `exit_codes` closes TensorBoard (the scalar logged just before is in
+    the events) and finishes the W&B run with the exit code (a forked child, since exit_codes leaves with os._exit)."""
+    import wandb
+
+    finished = tmp_path / "wandb-finish"
+    clean_launch.setattr(wandb, "init", lambda **kw: SimpleNamespace(id="run-id"))
+    clean_launch.setattr(wandb, "finish", lambda exit_code: finished.write_text(str(exit_code)))
     pid = os.fork()
     if pid == 0:
         try:
             os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
             with rt.exit_codes("demo"):
-                run = one_rank(runs_dir=str(tmp_path), run_name="failing")
+                run = one_rank(runs_dir=str(tmp_path), run_name="failing", track=True)
                 rt.resume(run, run.args)
                 rt.open_logs(run, dict(batch_size=10), None)
-                rt.log(run, 10, {"losses/x": 0.5}, (0.0, 0, 0))  # queued in the writer, not yet on disk
+                rt.log(run, 10, {"losses/x": 0.5}, (0.0, 0, 0))
                 raise RuntimeError("a bug")
         finally:
             os._exit(99)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 1
+    assert finished.read_text() == "1"  # the W&B run is closed, as failed
     assert read_scalars(tmp_path / "failing")["losses/x"] == [(10, 0.5)]
 
 
