@@ -311,7 +311,7 @@ def test_slurm_job_requeued_onto_fewer_tasks_resumes_with_the_same_global_batch(
     assert "world size 2 -> 1: global sizes kept" in result.stdout
     assert (tmp_path / "scontrol.log").read_text() == f"requeue {job_id}\n"  # finished: no second requeue
     run_dir = only_run_dir(tmp_path / "runs")
-    assert run_dir.name.endswith(f"__slurm{job_id}")
+    assert run_dir.name.endswith(f"__slurm{job_id}.0")  # the job and its step: a requeue starts again at step 0
     final = load(run_dir / "checkpoint.pt")
     assert final["world_size"] == 1 and final["sizes"]["num_envs"] == 4
     assert final["global_step"] == iterations * 2 * PPO.local_steps

@@ -328,7 +328,7 @@ def test_requeue_sbatch_saves_before_its_time_limit_and_resumes_after_the_requeu
     assert f"preempted (exit 75): checkpoint saved, requeueing job {job_id}" in text
     assert "resuming at iteration" in text, text
     run_dir = only_run_dir(runs)
-    assert run_dir.name.endswith(f"__slurm{job_id}")
+    assert run_dir.name.endswith(f"__slurm{job_id}.0")  # the job and its step: a requeue starts again at step 0
     assert load(run_dir / "checkpoint.pt")["global_step"] == iterations * 2 * PPO.local_steps
     assert_steps_complete(run_dir, iterations, PPO)
 
