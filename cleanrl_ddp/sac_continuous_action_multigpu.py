@@ -344,7 +344,8 @@ def main() -> None:
                 scalars |= {f"losses/{k}": m[k] / m["updates"] for k in losses[:4]}
                 scalars["losses/qf_loss"] = (m["qf1_loss"] + m["qf2_loss"]) / m["updates"] / 2.0
             if m["actor_updates"]:
-                scalars |= {f"losses/{k}": m[k] / m["actor_updates"] for k in ("actor_loss", "alpha_loss")}
+                actor_losses = ("actor_loss", "alpha_loss") if args.autotune else ("actor_loss",)
+                scalars |= {f"losses/{k}": m[k] / m["actor_updates"] for k in actor_losses}
             if world_size > 1 and args.grad_sync == "flat":
                 scalars["perf/grad_sync_seconds"] = grad_sync_seconds
             rt.log(run, global_step, scalars, (m["ep_return"], m["ep_length"], m["ep_count"]))
