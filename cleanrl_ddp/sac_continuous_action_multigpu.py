@@ -115,24 +115,6 @@ def make_env(env_id: str, render_mode: Optional[str] = None):
     return thunk
 
 
-def check_env(env_id: str) -> None:
-    """Raise RunError unless `env_id` names a registered env with a Box action and observation space."""
-    try:
-        env = make_env(env_id)()
-    except gym.error.DependencyNotInstalled as e:
-        raise rt.RunError(f"--env-id {env_id} needs a missing package ({e}); try: pip install -e '.[mujoco]'") from None
-    except Exception as e:  # gymnasium raises several error types for unknown or broken ids
-        raise rt.RunError(
-            f"unknown --env-id {env_id!r} ({type(e).__name__}); try Hopper-v5, HalfCheetah-v5 or Pendulum-v1"
-        ) from None
-    spaces = env.action_space, env.observation_space
-    env.close()
-    for what, space in zip(("action", "observation"), spaces, strict=True):
-        if not isinstance(space, gym.spaces.Box):
-            kind = type(space).__name__
-            raise rt.RunError(f"--env-id {env_id} has a {kind} {what} space; this script needs a Box one")
-
-
 # ALGO LOGIC: initialize agent here:
 class SoftQNetwork(nn.Module):
     def __init__(self, obs_dim: int, action_dim: int):
@@ -201,7 +183,7 @@ class Actor(nn.Module):
 def main() -> None:
     args = tyro.cli(Args)
     run = rt.start(args, SCRIPT, use_cuda=args.cuda and torch.cuda.is_available())
-    sac_state = ("actor", "qf", "qf_target", "log_alpha", "actor_optimizer", "q_optimizer", "a_optimizer")
+    sac_state = ("actor", "qf", "qf_target", "actor_optimizer", "q_optimizer", "a_optimizer", "log_alpha")
     args, ckpt = rt.resume(run, args, required=(*sac_state, "agent_kwargs", "num_updates", "num_actor_updates"))
     rank, world_size, device = run.rank, run.world_size, run.device
     check_env(args.env_id)
@@ -226,7 +208,7 @@ def main() -> None:
     action_dim = int(np.prod(envs.single_action_space.shape))
     action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
     agent_kwargs = dict(obs_dim=obs_dim, action_dim=action_dim, action_low=action_low.tolist())
-    agent_kwargs["action_high"] = action_high.tolist()
+    agent_kwargs["action_high"] = action_high.tolist()  # plain lists: checkpoints hold data only
     actor, qf = Actor(**agent_kwargs).to(device), TwinQ(obs_dim, action_dim).to(device)
     if world_size > 1:  # identical start whichever --grad-sync is used
         for tensor in [*actor.state_dict().values(), *qf.state_dict().values()]:
@@ -240,16 +222,16 @@ def main() -> None:
     log_alpha = torch.zeros(1, requires_grad=True, device=device)
     a_optimizer = optim.Adam([log_alpha], lr=args.q_lr)
     rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
+    # every learned quantity, by its checkpoint key: all of them must stay identical on every rank
+    learned = dict(actor=actor, qf=qf, qf_target=qf_target, actor_optimizer=actor_optimizer, q_optimizer=q_optimizer)
+    learned["a_optimizer"] = a_optimizer
     num_updates = ckpt["num_updates"] if ckpt else 0
     num_actor_updates = ckpt["num_actor_updates"] if ckpt else 0
     if ckpt:
-        for module, key in ((actor, "actor"), (qf, "qf"), (qf_target, "qf_target")):
-            module.load_state_dict(ckpt[key])
-        for optimizer, key in ((actor_optimizer, "actor_optimizer"), (q_optimizer, "q_optimizer")):
-            optimizer.load_state_dict(ckpt[key])
+        for key, obj in learned.items():
+            obj.load_state_dict(ckpt[key])
         with torch.no_grad():
             log_alpha.copy_(ckpt["log_alpha"])
-        a_optimizer.load_state_dict(ckpt["a_optimizer"])
         rt.resume_rng(run, ckpt, args.seed)  # each rank's own streams; at another world size, new ones
     alpha = log_alpha.exp().item() if args.autotune else args.alpha
     ddp = world_size > 1 and args.grad_sync == "ddp"
@@ -362,14 +344,14 @@ def main() -> None:
                 scalars |= {f"losses/{k}": m[k] / m["updates"] for k in losses[:4]}
                 scalars["losses/qf_loss"] = (m["qf1_loss"] + m["qf2_loss"]) / m["updates"] / 2.0
             if m["actor_updates"]:
-                scalars |= {f"losses/{k}": m[k] / m["actor_updates"] for k in ("actor_loss", "alpha_loss")}
+                actor_losses = ("actor_loss", "alpha_loss") if args.autotune else ("actor_loss",)
+                scalars |= {f"losses/{k}": m[k] / m["actor_updates"] for k in actor_losses}
             if world_size > 1 and args.grad_sync == "flat":
                 scalars["perf/grad_sync_seconds"] = grad_sync_seconds
             rt.log(run, global_step, scalars, (m["ep_return"], m["ep_length"], m["ep_count"]))
             update_seconds = grad_sync_seconds = 0.0
         if rt.steps_crossed(prev_step, global_step, args.sync_check_every):  # targets and temperature too
-            learned = (actor, qf, qf_target, actor_optimizer, q_optimizer, a_optimizer)
-            rt.check_replicas_in_sync(f"iteration {iteration}", world_size, *learned, log_alpha)
+            rt.check_replicas_in_sync(f"iteration {iteration}", world_size, *learned.values(), log_alpha)
 
         # Evaluation on rank 0 with the deterministic actor; the stop decision is broadcast, so all ranks stop together.
         reached = False
@@ -384,11 +366,8 @@ def main() -> None:
         preempted = logging and rt.preempted(run)  # the vote, on logged steps only: every rank stops there
         if last or preempted or reached or rt.steps_crossed(prev_step, global_step, args.checkpoint_every):
             # data only: state dicts, tensors and numbers (no rank_state: neither envs nor replay buffers are saved)
-            state = dict(actor=actor.state_dict(), qf=qf.state_dict(), qf_target=qf_target.state_dict())
-            state |= dict(log_alpha=log_alpha.detach().cpu(), agent_kwargs=agent_kwargs)
-            state |= dict(actor_optimizer=actor_optimizer.state_dict(), q_optimizer=q_optimizer.state_dict())
-            state |= dict(a_optimizer=a_optimizer.state_dict(), num_updates=num_updates)
-            state |= dict(num_actor_updates=num_actor_updates)
+            state = {key: obj.state_dict() for key, obj in learned.items()} | dict(log_alpha=log_alpha.detach().cpu())
+            state |= dict(agent_kwargs=agent_kwargs, num_updates=num_updates, num_actor_updates=num_actor_updates)
             rt.save_checkpoint(run, iteration, global_step, None, **state)
         if preempted or reached:
             break
@@ -473,6 +452,25 @@ def all_reduce_gradients_flat(params, world_size: int) -> None:
     for g in grads:
         g.copy_(flat[offset : offset + g.numel()].view_as(g))
         offset += g.numel()
+
+
+# A bad --env-id ends the run with one line, before anything is built
+def check_env(env_id: str) -> None:
+    """Raise RunError unless `env_id` names a registered env with a Box action and observation space."""
+    try:
+        env = make_env(env_id)()
+    except gym.error.DependencyNotInstalled as e:
+        raise rt.RunError(f"--env-id {env_id} needs a missing package ({e}); try: pip install -e '.[mujoco]'") from None
+    except Exception as e:  # gymnasium raises several error types for unknown or broken ids
+        raise rt.RunError(
+            f"unknown --env-id {env_id!r} ({type(e).__name__}); try Hopper-v5, HalfCheetah-v5 or Pendulum-v1"
+        ) from None
+    spaces = env.action_space, env.observation_space
+    env.close()
+    for what, space in zip(("action", "observation"), spaces, strict=True):
+        if not isinstance(space, gym.spaces.Box):
+            kind = type(space).__name__
+            raise rt.RunError(f"--env-id {env_id} has a {kind} {what} space; this script needs a Box one")
 
 
 # Evaluation on rank 0, in envs of its own: the interface every script offers (cleanrl_ddp/evaluate.py uses it)
