@@ -178,7 +178,7 @@ class Check:
         line = next((line for line in out.splitlines() if line.startswith(f"{stem}: {world_size} rank(s)")), None)
         if line is None:
             return f"no start line '{stem}: {world_size} rank(s), device ...'"
-        if f"device {device}, backend {backend}" not in line:
+        if f", device {device}, " not in line or not line.endswith(f", backend {backend}"):  # threads come between
             return f"ran with '{line.split(', ', 1)[1]}', not device {device}, backend {backend}"
         return None
 
