@@ -190,7 +190,7 @@ def final_step(run_dir: Path) -> tuple[int, int]:
     """(global step, world size) of the run's checkpoint."""
     import torch
 
-    ckpt = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
+    ckpt = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=True)
     return ckpt["global_step"], ckpt["world_size"]
 
 

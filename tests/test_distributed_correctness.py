@@ -331,7 +331,7 @@ def assert_sac_schedule(run, schedule):
     assert schedule == expected and updates >= 16, (schedule, expected)
     syncs = [r["target_sync_env_steps"] for r in run.ranks]
     assert all(s == expected_syncs for s in syncs), (syncs, expected_syncs)
-    ckpt = torch.load(run.run_dir / "checkpoint.pt", weights_only=False)
+    ckpt = torch.load(run.run_dir / "checkpoint.pt", weights_only=True)
     assert (ckpt["num_updates"], ckpt["num_actor_updates"]) == (updates, updates // delay * delay)
 
 
