@@ -58,7 +58,11 @@ class ScriptSpec:
     the whole-script runs also record the target network"""
     sac: bool = False
     """an off-policy actor-critic script (SAC): its own unit test (`unit_sac`: critics, actor and log_alpha); the
-    whole-script runs record its target critics (class `TwinQ`) and every optimizer's final parameters"""
+    whole-script runs record every optimizer's final parameters"""
+    td3: bool = False
+    """TD3: its own unit test (`unit_td3`: critics, actor and both target networks); as SAC's whole-script runs"""
+    target_classes: tuple = ()
+    """the classes of the script's target networks (the instances no optimizer holds), recorded by whole-script runs"""
     update_rtol: float = 1e-5
     """tolerance of the parameter change in the equivalence test (the gradients are held to 1e-5 for every script)"""
     two_nodes: bool = False
@@ -124,6 +128,7 @@ SCRIPTS = {
             local_batch=2,  # env steps per rank per iteration: --local-num-envs
             iterations={2: 36, 3: 24},
             dqn=True,
+            target_classes=("QNetwork",),
             # the script's Adam eps is 1e-8 (CleanRL's), not PPO's 1e-5: Adam divides by |gradient| + eps, so entries
             # with gradients near fp32 rounding noise move by up to lr either way (measured 1.5e-5 relative)
             update_rtol=1e-4,
@@ -140,7 +145,23 @@ SCRIPTS = {
             local_batch=1,  # env steps per rank per iteration: --local-num-envs
             iterations={2: 28, 3: 20},
             sac=True,
+            target_classes=("TwinQ",),
             update_rtol=1e-4,  # Adam's eps 1e-8, as DQN's
+        ),
+        ScriptSpec(
+            "td3_continuous_action_multigpu.py",  # unit: Hopper-v5's 11 observations, 3 actions
+            make_agent=lambda m: m.Actor(11, 3, [-1.0] * 3, [1.0] * 3),
+            make_obs=lambda n, g: torch.randn(n, 11, generator=g),
+            # as SAC's: Pendulum-v1, updates from global step 32, two per iteration (8 transitions per rank each), the
+            # actor and both target networks after every 2nd
+            tiny=["--env-id", "Pendulum-v1", "--local-num-envs", "1", "--buffer-size", "240", "--learning-starts"]
+            + ["32", "--local-batch-size", "8", "--updates-per-iteration", "2", "--log-every", "8"]
+            + ["--checkpoint-every", "0"],
+            local_batch=1,
+            iterations={2: 28, 3: 20},
+            td3=True,
+            target_classes=("Actor", "TwinQ"),
+            update_rtol=1e-4,
         ),
     ]
 }
@@ -387,6 +408,108 @@ def unit_sac(script_path: str, rank: int, world_size: int) -> dict:
     return out
 
 
+def unit_td3(script_path: str, rank: int, world_size: int) -> dict:
+    """TD3's updates on 2 ranks (DDP and flat) against one process on the union of the local minibatches.
+
+    The script's own critic_loss, policy_loss and all_reduce_gradients_flat, in the loop's order: critic step;
+    after every `policy_frequency`-th critic update an actor step and a Polyak update of the target actor and
+    critics. The target policy smoothing noise is a fixed table indexed by the transition's row in the global
+    batch, so both sides draw the same noise for the same transition.
+    """
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    module_spec = importlib.util.spec_from_file_location(Path(script_path).stem, script_path)
+    mod = sys.modules[module_spec.name] = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(mod)
+    spec, args = SCRIPTS[Path(script_path).name], mod.Args()
+    assert args.policy_frequency == 2
+
+    torch.manual_seed(0)
+    actor0, qf0 = spec.make_agent(mod), mod.TwinQ(11, 3)
+    local_mb, num_updates, action_dim = 8, 4, 3
+    n = num_updates * world_size * local_mb
+    g = torch.Generator().manual_seed(1)
+    batch = dict(obs=spec.make_obs(n, g), actions=torch.rand(n, action_dim, generator=g) * 2 - 1)
+    batch |= dict(rewards=torch.randn(n, generator=g), next_obs=spec.make_obs(n, g))
+    batch |= dict(terminations=(torch.rand(n, generator=g) < 0.25).float())
+    noise_table = 2.0 * torch.randn(n, action_dim, generator=g)  # wide: the clip to --noise-clip is exercised
+    rows, calls, real_randn = [slice(0)], [0], torch.randn
+
+    def table_randn(shape, generator=None, device=None):
+        calls[0] += 1
+        return noise_table[rows[0]].reshape(shape)
+
+    def run(grad_sync: str, distributed: bool):
+        actor, qf = copy.deepcopy(actor0), copy.deepcopy(qf0)
+        target_actor, qf_target = copy.deepcopy(actor0), copy.deepcopy(qf0)
+        ddp = distributed and grad_sync == "ddp"
+        actor_model = DDP(actor, forward_sync_buffers=False) if ddp else actor
+        qf_model = DDP(qf) if ddp else qf
+        q_optimizer = torch.optim.Adam(qf.parameters(), lr=args.learning_rate)
+        actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.learning_rate)
+        ws, flat = world_size if distributed else 1, distributed and grad_sync == "flat"
+        grads = dict(qf=[], actor=[])
+        critic_grads_touched = False
+        calls[0] = 0
+        for k in range(num_updates):
+            start = k * world_size * local_mb + (rank * local_mb if distributed else 0)
+            rows[0] = slice(start, start + (local_mb if distributed else world_size * local_mb))
+            data = {key: t[rows[0]] for key, t in batch.items()}
+            qf1_loss, qf2_loss = mod.critic_loss(qf_model, qf_target, target_actor, **data, args=args)[2:]
+            q_optimizer.zero_grad(set_to_none=False)
+            (qf1_loss + qf2_loss).backward()
+            if flat:
+                mod.all_reduce_gradients_flat(list(qf.parameters()), ws)
+            grads["qf"].append(flat_params(p.grad for p in qf.parameters()))
+            q_optimizer.step()
+            if (k + 1) % args.policy_frequency == 0:
+                actor_loss = mod.policy_loss(actor_model, qf, data["obs"])
+                actor_optimizer.zero_grad(set_to_none=False)
+                actor_loss.backward()
+                critic_grads = flat_params(p.grad for p in qf.parameters())
+                critic_grads_touched |= not torch.equal(critic_grads, grads["qf"][-1])
+                if flat:
+                    mod.all_reduce_gradients_flat(list(actor.parameters()), ws)
+                grads["actor"].append(flat_params(p.grad for p in actor.parameters()))
+                actor_optimizer.step()
+                with torch.no_grad():
+                    for net, target in ((actor, target_actor), (qf, qf_target)):
+                        for param, target_param in zip(net.parameters(), target.parameters(), strict=True):
+                            target_param.lerp_(param, args.tau)
+        final = dict(qf=flat_params(qf.parameters()), actor=flat_params(actor.parameters()))
+        final |= dict(
+            qf_target=flat_params(qf_target.parameters()), target_actor=flat_params(target_actor.parameters())
+        )
+        return grads, final, critic_grads_touched
+
+    torch.randn = table_randn
+    try:
+        ref_grads, ref_final, _ = run("ddp", distributed=False)
+        start = dict(qf=flat_params(qf0.parameters()), actor=flat_params(actor0.parameters()))
+        start |= dict(qf_target=start["qf"], target_actor=start["actor"])
+        out = dict(script=spec.script, rank=rank, world_size=world_size, noise_calls=calls[0])
+        finals = {}
+        for grad_sync in ("ddp", "flat"):
+            grads, final, touched = run(grad_sync, distributed=True)
+            finals[grad_sync] = final
+            out[f"{grad_sync}_critic_grads_touched_by_actor"] = touched
+            for name in ("qf", "actor"):
+                out[f"{grad_sync}_{name}_grad_rel_err"] = [
+                    rel_err(a, b) for a, b in zip(grads[name], ref_grads[name], strict=True)
+                ]
+            for name in final:
+                change, ref_change = final[name] - start[name], ref_final[name] - start[name]
+                out[f"{grad_sync}_{name}_update_rel_err"] = rel_err(change, ref_change)
+                out[f"{grad_sync}_{name}_moved"] = float((ref_final[name] - start[name]).norm())
+        for name in ref_final:
+            out[f"ddp_vs_flat_{name}_update_rel_err"] = rel_err(
+                finals["ddp"][name] - start[name], finals["flat"][name] - start[name]
+            )
+    finally:
+        torch.randn = real_randn
+    return out
+
+
 def unit(outdir: Path, script_paths: list) -> None:
     import torch.distributed as dist
 
@@ -394,7 +517,8 @@ def unit(outdir: Path, script_paths: list) -> None:
     dist.init_process_group("gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
     for script_path in script_paths:
-        out = (unit_sac if SCRIPTS[Path(script_path).name].sac else unit_script)(script_path, rank, world_size)
+        spec = SCRIPTS[Path(script_path).name]
+        out = (unit_sac if spec.sac else unit_td3 if spec.td3 else unit_script)(script_path, rank, world_size)
         (outdir / f"{Path(script_path).stem}_unit_rank{rank}.json").write_text(json.dumps(out, indent=1))
     dist.destroy_process_group()
 
@@ -419,8 +543,9 @@ def observe(outdir: Path, script_path: str, script_args: list, nudge_after_step:
         optimizer_steps=0,
         update_env_steps=[],  # this rank's env steps so far, at each optimizer step
         params_before_first_update=None,
-        targets_before_first_update=None,  # DQN: target networks (script's network class, not optimised)
-        target_sync_env_steps=[],  # DQN: this rank's env steps so far, when a target network was found changed
+        targets_before_first_update=None,  # target networks (spec.target_classes, held by no optimizer)
+        online_before_first_update=None,  # the optimised network of the same class as each target, at that moment
+        target_sync_env_steps=[],  # this rank's env steps so far, when a target network was found changed
         files_written=[],
         summary_writers=[],
         dist_rank=None,
@@ -430,8 +555,8 @@ def observe(outdir: Path, script_path: str, script_args: list, nudge_after_step:
     )
     optimizers = []
     spec = SCRIPTS[Path(script_path).name]
-    networks = []  # DQN: every instance of the script's network class that ran forward
-    targets = []  # DQN: those whose parameters no optimizer holds
+    networks = []  # the optimised networks of spec.target_classes, found at the first optimizer step
+    targets = []  # the networks of those classes whose parameters no optimizer holds
     target_versions = []
 
     from torch.nn.modules.module import register_module_forward_hook
@@ -441,14 +566,6 @@ def observe(outdir: Path, script_path: str, script_args: list, nudge_after_step:
             rec["loss_entropies"].append((rec["env_steps"], float(output[2].float().mean())))
 
     register_module_forward_hook(record_loss_entropy)
-    if spec.dqn or spec.sac:
-        network_class = "TwinQ" if spec.sac else "QNetwork"
-
-        def record_network(module, inputs, output):
-            if type(module).__name__ == network_class and not any(module is m for m in networks):
-                networks.append(module)
-
-        register_module_forward_hook(record_network)
 
     def target_version():
         return sum(p._version for t in targets for p in t.parameters())  # in-place copies raise it
@@ -518,9 +635,18 @@ def observe(outdir: Path, script_path: str, script_args: list, nudge_after_step:
             optimizers.append(optimizer)
         if rec["params_before_first_update"] is None:
             rec["params_before_first_update"] = flat_params(p for g in optimizer.param_groups for p in g["params"])
-            optimised = {id(p) for g in optimizer.param_groups for p in g["params"]}
-            targets.extend(m for m in networks if not any(id(p) in optimised for p in m.parameters()))
+            import gc  # every optimizer and network the script made (the other optimizers have not stepped yet)
+
+            found = [o for o in gc.get_objects() if issubclass(type(o), (torch.optim.Optimizer, torch.nn.Module))]
+            every = [o for o in found if isinstance(o, torch.optim.Optimizer)]
+            optimised = {id(p) for o in every for g in o.param_groups for p in g["params"]}
+            for name in spec.target_classes:  # one target per class, in the order of spec.target_classes
+                of_class = [m for m in found if type(m).__name__ == name]
+                targets.extend(m for m in of_class if not any(id(p) in optimised for p in m.parameters()))
+                networks.extend(m for m in of_class if any(id(p) in optimised for p in m.parameters()))
             rec["targets_before_first_update"] = [flat_params(t.parameters()) for t in targets]
+            online = [next(m for m in networks if type(m) is type(t)) for t in targets]
+            rec["online_before_first_update"] = [flat_params(m.parameters()) for m in online]
             target_versions.append(target_version())
 
     def after_step(optimizer, a, kw):

@@ -99,7 +99,7 @@ def unit_dir(tmp_path_factory):
     return outdir
 
 
-UNIT = [s for s, spec in SCRIPTS.items() if not spec.sac]  # SAC's unit results: `unit_sac` below
+UNIT = [s for s, spec in SCRIPTS.items() if not (spec.sac or spec.td3)]  # theirs: `unit_sac`, `unit_td3` below
 
 
 @pytest.fixture(params=UNIT, ids=[s[:-3] for s in UNIT])
@@ -140,11 +140,13 @@ def test_same_start(run):
         run.assert_finished()
         pytest.fail("the run finished without an optimizer step")
     assert_all_equal([r["params_before_first_update"] for r in run.ranks], "parameters before the first update")
-    if run.spec.dqn or run.spec.sac:  # and the target network, a copy of the online network (SAC: the critics)
+    if run.spec.target_classes:  # and the target networks, copies of the online ones (TD3: actor and critics)
         targets = [r["targets_before_first_update"] for r in run.ranks]
-        assert [len(t) for t in targets] == [1] * run.world_size, [len(t) for t in targets]
-        assert_all_equal([t[0] for t in targets], "target network before the first update")
-        assert torch.equal(targets[0][0], run.ranks[0]["params_before_first_update"])
+        count = len(run.spec.target_classes)
+        assert [len(t) for t in targets] == [count] * run.world_size, [len(t) for t in targets]
+        for i, name in enumerate(run.spec.target_classes):
+            assert_all_equal([t[i] for t in targets], f"target {name} before the first update")
+            assert torch.equal(targets[0][i], run.ranks[0]["online_before_first_update"][i]), name
 
 
 # 2. No drift
@@ -157,17 +159,18 @@ def test_no_drift(run):
     run.assert_finished()  # and --sync-check-every 1 found no difference at any iteration
     assert steps[0] >= 16, steps  # many updates
     assert not torch.equal(run.ranks[0]["final_params"], run.ranks[0]["params_before_first_update"])
-    if run.spec.sac:  # every learned quantity: critics, actor and log_alpha (their optimizers' parameters and state)
+    if run.spec.sac or run.spec.td3:  # every learned quantity: critics, actor (and SAC's log_alpha), with optimizers
+        optimised = ("critics", "actor", "log_alpha") if run.spec.sac else ("critics", "actor")
         finals = [r["final_params_by_optimizer"] for r in run.ranks]
-        assert [len(f) for f in finals] == [3] * run.world_size, [len(f) for f in finals]
-        for i, what in enumerate(("critics", "actor", "log_alpha")):
+        assert [len(f) for f in finals] == [len(optimised)] * run.world_size, [len(f) for f in finals]
+        for i, what in enumerate(optimised):
             assert_all_equal([f[i] for f in finals], f"final {what}")
             for r in run.ranks[1:]:
                 assert_state_dicts_equal(r["final_optimizers"][i], run.ranks[0]["final_optimizers"][i], what)
-        assert not torch.equal(finals[0][2], torch.zeros(1)), "log_alpha never moved"
-    if run.spec.dqn or run.spec.sac:  # the target network too, synced at least once since the start
-        assert_all_equal([r["final_targets"][0] for r in run.ranks], "final target network")
-        assert not torch.equal(run.ranks[0]["final_targets"][0], run.ranks[0]["targets_before_first_update"][0])
+        assert run.spec.td3 or not torch.equal(finals[0][2], torch.zeros(1)), "log_alpha never moved"
+    for i, name in enumerate(run.spec.target_classes):  # the target networks too, synced at least once
+        assert_all_equal([r["final_targets"][i] for r in run.ranks], f"final target {name}")
+        assert not torch.equal(run.ranks[0]["final_targets"][i], run.ranks[0]["targets_before_first_update"][i])
 
 
 # 3. Equivalence: 2 ranks with their local minibatches == 1 process on the union
@@ -281,8 +284,8 @@ def test_same_schedule(run):
     run.assert_finished()
     schedules = [r["update_env_steps"] for r in run.ranks]
     assert all(s == schedules[0] for s in schedules), schedules
-    if run.spec.sac:
-        return assert_sac_schedule(run, schedules[0])
+    if run.spec.sac or run.spec.td3:
+        return assert_actor_critic_schedule(run, schedules[0])
     if not run.spec.dqn:
         return
     syncs = [r["target_sync_env_steps"] for r in run.ranks]
@@ -309,9 +312,10 @@ def test_same_schedule(run):
     assert (ckpt["num_updates"], ckpt["num_target_updates"]) == (len(expected_updates), len(expected_syncs))
 
 
-def assert_sac_schedule(run, schedule):
-    """SAC: --updates-per-iteration critic steps per iteration once the global step passes --learning-starts; after
-    every --policy-frequency-th critic update as many actor and log_alpha steps; the targets after every update."""
+def assert_actor_critic_schedule(run, schedule):
+    """SAC and TD3: --updates-per-iteration critic steps per iteration once the global step passes --learning-starts.
+    SAC: after every --policy-frequency-th critic update as many actor and log_alpha steps; the target critics after
+    every update. TD3: after every --policy-frequency-th critic update one actor step, then the targets."""
     tiny = run.spec.tiny
 
     def flag(name):
@@ -326,13 +330,14 @@ def assert_sac_schedule(run, schedule):
                 updates += 1
                 expected.append(local)  # the critics
                 if updates % delay == 0:
-                    expected += [local] * 2 * delay  # actor and log_alpha, `delay` times
-            expected_syncs.append(local)  # the target critics change after each update (seen once per iteration)
+                    expected += [local] * (2 * delay if run.spec.sac else 1)  # SAC: actor and log_alpha, `delay` times
+            expected_syncs.append(local)  # the targets change in each such iteration (seen once per iteration)
     assert schedule == expected and updates >= 16, (schedule, expected)
     syncs = [r["target_sync_env_steps"] for r in run.ranks]
     assert all(s == expected_syncs for s in syncs), (syncs, expected_syncs)
     ckpt = torch.load(run.run_dir / "checkpoint.pt", weights_only=True)
-    assert (ckpt["num_updates"], ckpt["num_actor_updates"]) == (updates, updates // delay * delay)
+    actor_updates = updates // delay * (delay if run.spec.sac else 1)
+    assert (ckpt["num_updates"], ckpt["num_actor_updates"]) == (updates, actor_updates)
 
 
 # SAC: the 2-rank update equals the single-process one on the union of the minibatches, for the critics, the
@@ -362,6 +367,32 @@ def test_sac_ddp_and_flat_paths_agree(unit_sac):
             assert r[f"ddp_vs_flat_{name}_update_rel_err"] < 1e-6, (name, r)
 
 
+# TD3: the 2-rank update equals the single-process one on the union of the minibatches, for the critics and the
+# actor; the target actor and critics follow; ddp == flat
+@pytest.fixture(scope="module")
+def unit_td3(unit_dir):
+    return [json.loads((unit_dir / f"td3_continuous_action_multigpu_unit_rank{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.mark.parametrize("grad_sync", ["ddp", "flat"])
+def test_td3_equivalence_with_single_process(unit_td3, grad_sync):
+    for r in unit_td3:
+        assert r["world_size"] == 2 and r["noise_calls"] == 4, r  # one smoothing draw per critic update
+        for name, count in (("qf", 4), ("actor", 2)):  # 4 critic updates, an actor update after every 2nd
+            assert len(r[f"{grad_sync}_{name}_grad_rel_err"]) == count, r
+            assert max(r[f"{grad_sync}_{name}_grad_rel_err"]) < 1e-5, (name, r)
+        for name in ("qf", "actor", "qf_target", "target_actor"):
+            assert r[f"{grad_sync}_{name}_moved"] > 1e-4, (name, r)
+            assert r[f"{grad_sync}_{name}_update_rel_err"] < SCRIPTS[r["script"]].update_rtol, (name, r)
+        assert not r[f"{grad_sync}_critic_grads_touched_by_actor"], r
+
+
+def test_td3_ddp_and_flat_paths_agree(unit_td3):
+    for r in unit_td3:
+        for name in ("qf", "actor", "qf_target", "target_actor"):
+            assert r[f"ddp_vs_flat_{name}_update_rel_err"] < 1e-6, (name, r)
+
+
 # 8. Odd world sizes (the 3-rank runs above) and two nodes
 @pytest.mark.parametrize(**per_script(lambda spec: spec.two_nodes))
 def test_two_nodes(tmp_path_factory, script):
@@ -387,8 +418,10 @@ def test_reproducible(tmp_path_factory, tmp_path, script):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     first, again = (torch.load(d / "checkpoint.pt", weights_only=True) for d in (first.run_dir, only_run_dir(tmp_path)))
     assert again["global_step"] == first["global_step"] > 0
-    # PPO: agent; DQN: q_network, target_network; SAC: actor, critics, targets, log_alpha and three optimizers
+    # PPO: agent; DQN: q_network, target_network; SAC: actor, critics, targets, log_alpha and three optimizers;
+    # TD3: actor, critics, their targets and two optimizers
     states = ("agent", "q_network", "target_network", "optimizer", "actor", "qf", "qf_target", "log_alpha")
+    states += ("target_actor",)
     states += ("actor_optimizer", "q_optimizer", "a_optimizer")
     for key in [k for k in states if k in first]:
         if torch.is_tensor(first[key]):

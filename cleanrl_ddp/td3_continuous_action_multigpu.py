@@ -1,0 +1,483 @@
+"""TD3 for continuous actions (CleanRL's `td3_continuous_action.py`), data-parallel with torch.distributed.
+
+Docs: docs/td3_continuous_action_multigpu.md. Needs MuJoCo: `pip install -e ".[mujoco]"`. Launch it as
+`python cleanrl_ddp/td3_continuous_action_multigpu.py` (1 process), `torchrun --standalone --nproc_per_node=2
+cleanrl_ddp/td3_continuous_action_multigpu.py` (2 processes), or on several nodes or under SLURM as in
+cleanrl_ddp/ppo_multigpu.py. Every rank steps its own `--local-num-envs` envs into its own replay buffer and
+samples `--local-batch-size` transitions per update; the gradients of the critics and the actor are averaged
+across ranks (DDP, or one flattened all-reduce with `--grad-sync flat`), so every rank holds the same networks
+and targets. Learning starts, updates, logging, evaluation and checkpoints follow the GLOBAL step. Run plumbing
+lives in cleanrl_ddp/runtime.py.
+"""
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.optim as optim
+import tyro
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from cleanrl_ddp import runtime as rt
+
+SCRIPT = os.path.basename(__file__)[: -len(".py")]
+
+
+@dataclass
+class Args(rt.RunArgs):
+    exp_name: str = SCRIPT
+    """the name of this experiment (part of the run name)"""
+    seed: int = 1
+    """seed of the experiment; rank r's envs and noise streams are derived from it"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled and CUDA is available, train on `cuda:{local_rank}`"""
+    checkpoint_every: int = 100000
+    """write checkpoint.pt every N global steps (0 = only at the end, at a stop and on preemption)"""
+
+    # Algorithm specific arguments
+    env_id: str = "Hopper-v5"
+    """the id of a gymnasium environment with a continuous (Box) action space"""
+    total_timesteps: int = 1000000
+    """env steps of the whole run, summed over all ranks"""
+    learning_rate: float = 3e-4
+    """the learning rate of the actor's and the critics' optimizers"""
+    local_num_envs: int = 1
+    """the number of parallel environments on each rank"""
+    buffer_size: int = 1000000
+    """transitions held by the replay buffers of ALL ranks together (each rank keeps its own share)"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    tau: float = 0.005
+    """target smoothing coefficient"""
+    local_batch_size: int = 256
+    """transitions each rank samples from its own buffer per update (the global batch is the sum over ranks)"""
+    updates_per_iteration: int = 1
+    """updates per iteration (one step of every env of every rank); 1 keeps CleanRL's replay ratio at any world size"""
+    policy_noise: float = 0.2
+    """the scale of the target policy smoothing noise (times the action scale)"""
+    exploration_noise: float = 0.1
+    """the scale of the Gaussian exploration noise (times the action scale)"""
+    learning_starts: int = 25000
+    """global step after which updates start (random actions before it)"""
+    policy_frequency: int = 2
+    """the actor and the target networks are updated after every N-th critic update (TD3's delayed update)"""
+    noise_clip: float = 0.5
+    """the target policy smoothing noise is clipped to [-noise_clip, noise_clip] (times the action scale)"""
+    eval_greedy: bool = True
+    """if toggled, evaluation acts with the actor alone; --no-eval-greedy adds the exploration noise"""
+    log_every: int = 1000
+    """global steps between logged (all-reduced) metrics; a preemption signal is acted on at these steps"""
+    grad_sync: Literal["ddp", "flat"] = "ddp"
+    """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
+
+
+def derive_sizes(args: Args, world_size: int) -> dict:
+    """Global and per-rank sizes from the flags and the world size; raises RunError (a ValueError) on bad input."""
+    names = ("local_num_envs", "local_batch_size", "total_timesteps", "buffer_size", "updates_per_iteration")
+    for name in (*names, "policy_frequency", "log_every"):
+        if getattr(args, name) < 1:
+            raise rt.RunError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    num_envs = args.local_num_envs * world_size
+    if args.buffer_size % world_size != 0 or args.buffer_size // world_size < 2 * args.local_num_envs:
+        raise rt.RunError(
+            f"--buffer-size {args.buffer_size} does not split into {world_size} rank buffers of at least two "
+            f"steps of --local-num-envs {args.local_num_envs} envs"
+        )
+    num_iterations = args.total_timesteps // num_envs
+    if num_iterations < 1:
+        raise rt.RunError(f"--total-timesteps {args.total_timesteps} is smaller than one step of all {num_envs} envs")
+    return dict(
+        world_size=world_size,
+        num_envs=num_envs,
+        batch_size=args.local_batch_size * world_size,
+        local_buffer_size=args.buffer_size // world_size,
+        num_iterations=num_iterations,
+        updates_per_env_step=args.updates_per_iteration / num_envs,
+        replay_ratio=args.updates_per_iteration * args.local_batch_size * world_size / num_envs,
+    )
+
+
+def make_env(env_id: str, render_mode: Optional[str] = None):
+    def thunk():
+        return gym.make(env_id, render_mode=render_mode)
+
+    return thunk
+
+
+# ALGO LOGIC: initialize agent here:
+class QNetwork(nn.Module):
+    def __init__(self, obs_dim: int, action_dim: int):
+        super().__init__()
+        self.fc1 = nn.Linear(obs_dim + action_dim, 256)
+        self.fc2 = nn.Linear(256, 256)
+        self.fc3 = nn.Linear(256, 1)
+
+    def forward(self, x, a):
+        x = torch.cat([x, a], 1)
+        x = F.relu(self.fc1(x))
+        x = F.relu(self.fc2(x))
+        return self.fc3(x)
+
+
+class TwinQ(nn.Module):
+    """CleanRL's qf1 and qf2 in one module: one optimizer (as CleanRL's), one DDP wrapper, one gradient all-reduce."""
+
+    def __init__(self, obs_dim: int, action_dim: int):
+        super().__init__()
+        self.qf1, self.qf2 = QNetwork(obs_dim, action_dim), QNetwork(obs_dim, action_dim)
+
+    def forward(self, x, a):
+        return self.qf1(x, a).view(-1), self.qf2(x, a).view(-1)
+
+
+class Actor(nn.Module):
+    def __init__(self, obs_dim: int, action_dim: int, action_low: list, action_high: list):
+        super().__init__()
+        self.fc1 = nn.Linear(obs_dim, 256)
+        self.fc2 = nn.Linear(256, 256)
+        self.fc_mu = nn.Linear(256, action_dim)
+        # action rescaling
+        low, high = torch.tensor(action_low, dtype=torch.float32), torch.tensor(action_high, dtype=torch.float32)
+        self.register_buffer("action_scale", (high - low) / 2.0)
+        self.register_buffer("action_bias", (high + low) / 2.0)
+
+    def forward(self, x):
+        x = F.relu(self.fc1(x))
+        x = F.relu(self.fc2(x))
+        x = torch.tanh(self.fc_mu(x))
+        return x * self.action_scale + self.action_bias
+
+
+def main() -> None:
+    args = tyro.cli(Args)
+    run = rt.start(args, SCRIPT, use_cuda=args.cuda and torch.cuda.is_available())
+    td3_state = ("actor", "target_actor", "qf", "qf_target", "actor_optimizer", "q_optimizer")
+    args, ckpt = rt.resume(run, args, required=(*td3_state, "agent_kwargs", "num_updates", "num_actor_updates"))
+    rank, world_size, device = run.rank, run.world_size, run.device
+    check_env(args.env_id)
+    sizes = derive_sizes(args, world_size)
+    start_iteration = ckpt["iteration"] + 1 if ckpt else 1
+    global_step = ckpt["global_step"] if ckpt else 0
+    # The replay buffers are not checkpointed (see the docs): after a resume every rank refills its buffer
+    # for `learning_starts` global steps, acting with the resumed actor, before updates continue.
+    train_start = args.learning_starts + global_step
+    if ckpt and run.is_main:
+        print(f"  updates restart at global step {train_start} (buffer refill)", flush=True)
+
+    # CRUCIAL: every rank starts from the same weights, but steps its own envs with its own seeds and
+    # draws its exploration noise and minibatches from its own stream. Env seeds are global env indices.
+    rt.seed_everything(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    local_num_envs = args.local_num_envs
+    envs = gym.vector.SyncVectorEnv(
+        [make_env(args.env_id) for _ in range(local_num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+    )
+    obs_dim = int(np.prod(envs.single_observation_space.shape))
+    action_dim = int(np.prod(envs.single_action_space.shape))
+    action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
+    agent_kwargs = dict(obs_dim=obs_dim, action_dim=action_dim, action_low=action_low.tolist())
+    agent_kwargs["action_high"] = action_high.tolist()  # plain lists: checkpoints hold data only
+    actor, qf = Actor(**agent_kwargs).to(device), TwinQ(obs_dim, action_dim).to(device)
+    if world_size > 1:  # identical start whichever --grad-sync is used
+        for tensor in [*actor.state_dict().values(), *qf.state_dict().values()]:
+            dist.broadcast(tensor, src=0)
+    target_actor, qf_target = Actor(**agent_kwargs).to(device), TwinQ(obs_dim, action_dim).to(device)
+    target_actor.load_state_dict(actor.state_dict())  # copies of the synchronised networks
+    qf_target.load_state_dict(qf.state_dict())
+    q_optimizer = optim.Adam(qf.parameters(), lr=args.learning_rate)
+    actor_optimizer = optim.Adam(actor.parameters(), lr=args.learning_rate)
+    rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
+    # every learned quantity, by its checkpoint key: all of them must stay identical on every rank
+    learned = dict(actor=actor, target_actor=target_actor, qf=qf, qf_target=qf_target)
+    learned |= dict(actor_optimizer=actor_optimizer, q_optimizer=q_optimizer)
+    num_updates = ckpt["num_updates"] if ckpt else 0
+    num_actor_updates = ckpt["num_actor_updates"] if ckpt else 0
+    if ckpt:
+        for key, obj in learned.items():
+            obj.load_state_dict(ckpt[key])
+        rt.resume_rng(run, ckpt, args.seed)  # each rank's own streams; at another world size, new ones
+    ddp = world_size > 1 and args.grad_sync == "ddp"
+    # the actor's buffers (action scale and bias) are constants: no broadcast of them at every forward
+    actor_model = DDP(actor, forward_sync_buffers=False) if ddp else actor
+    qf_model = DDP(qf) if ddp else qf
+    eval_envs = make_eval_envs(args, args.eval_episodes, rt.video_dir(run)) if run.is_main and args.eval_every else None
+
+    # Envs are not checkpointed: a resumed run seeds its envs past the seeds earlier attempts used.
+    env_seed0 = args.seed + rank * local_num_envs + (start_iteration - 1) * sizes["num_envs"]
+    obs, _ = envs.reset(seed=[env_seed0 + i for i in range(local_num_envs)])
+    rb = ReplayBuffer(sizes["local_buffer_size"], obs_dim, action_dim)
+    episode_return, episode_length = np.zeros(local_num_envs), np.zeros(local_num_envs, dtype=np.int64)
+    # this rank's sums since the last logged step, by name: finished episodes, and the updates' losses
+    losses = ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss", "actor_loss")
+    sums = dict.fromkeys(("ep_return", "ep_length", "ep_count", "updates", "actor_updates", *losses), 0.0)
+    update_seconds = grad_sync_seconds = 0.0  # rank 0's time in updates and in the flat all-reduce, per log interval
+    num_iterations, preempted = sizes["num_iterations"], False
+    rt.open_logs(run, sizes, ckpt)  # TensorBoard (W&B) and the sizes table; the SPS clock starts here
+
+    for iteration in range(start_iteration, num_iterations + 1):
+        prev_step = global_step
+        global_step += sizes["num_envs"]  # global: all ranks step at once
+
+        # ALGO LOGIC: put action logic here (random until the GLOBAL step reaches learning_starts)
+        if prev_step < args.learning_starts:
+            actions = np.random.uniform(action_low, action_high, (local_num_envs, action_dim)).astype(np.float32)
+        else:
+            with torch.no_grad():  # the unwrapped actor: acting must not go through DDP; noise from this rank's stream
+                actions = actor(torch.as_tensor(obs, dtype=torch.float32, device=device))
+                actions += torch.randn(actions.shape, device=device) * actor.action_scale * args.exploration_noise
+            actions = actions.cpu().numpy().clip(action_low, action_high)
+
+        # TRY NOT TO MODIFY: execute the game and log data.
+        next_obs, rewards, terminations, truncations, infos = envs.step(actions)
+        done = terminations | truncations
+        episode_return += rewards
+        episode_length += 1
+        sums["ep_return"] += episode_return[done].sum()
+        sums["ep_length"] += episode_length[done].sum()
+        sums["ep_count"] += done.sum()
+        episode_return[done], episode_length[done] = 0, 0
+
+        # TRY NOT TO MODIFY: save data to the replay buffer; an ended episode's next_obs is its final observation
+        real_next_obs = next_obs.copy()
+        if done.any():  # SAME_STEP autoreset: next_obs is already the reset observation
+            real_next_obs[done] = np.stack(infos["final_obs"][done])
+        rb.add(obs, real_next_obs, actions, rewards, terminations)
+        obs = next_obs
+
+        # ALGO LOGIC: training. The actor's delay and the target updates count critic updates, a function of
+        # the GLOBAL step only: every rank runs the same updates and the same all-reduces.
+        if global_step > train_start:
+            update_start = time.perf_counter()
+            for _ in range(args.updates_per_iteration):
+                data = rb.sample(args.local_batch_size, device)
+                qf1_a_values, qf2_a_values, qf1_loss, qf2_loss = critic_loss(
+                    qf_model, qf_target, target_actor, **data, args=args
+                )
+                q_optimizer.zero_grad(set_to_none=False)
+                (qf1_loss + qf2_loss).backward()
+                if world_size > 1 and args.grad_sync == "flat":
+                    sync_start = time.perf_counter()
+                    all_reduce_gradients_flat(list(qf.parameters()), world_size)
+                    grad_sync_seconds += time.perf_counter() - sync_start
+                q_optimizer.step()
+                num_updates += 1
+                sums["updates"] += 1
+                critic_stats = (qf1_a_values.mean(), qf2_a_values.mean(), qf1_loss, qf2_loss)
+                for k, v in zip(losses[:4], critic_stats, strict=True):
+                    sums[k] += v.detach().double()
+
+                if num_updates % args.policy_frequency == 0:  # TD3's delayed update
+                    actor_loss = policy_loss(actor_model, qf, data["obs"])
+                    actor_optimizer.zero_grad(set_to_none=False)
+                    actor_loss.backward()
+                    if world_size > 1 and args.grad_sync == "flat":
+                        all_reduce_gradients_flat(list(actor.parameters()), world_size)
+                    actor_optimizer.step()
+                    num_actor_updates += 1
+                    sums["actor_updates"] += 1
+                    sums["actor_loss"] += actor_loss.detach().double()
+
+                    # update the target networks: every rank, from its identical networks, after the same update
+                    with torch.no_grad():
+                        for net, target in ((actor, target_actor), (qf, qf_target)):
+                            for param, target_param in zip(net.parameters(), target.parameters(), strict=True):
+                                target_param.lerp_(param, args.tau)  # tau * param + (1 - tau) * target_param
+            update_seconds += time.perf_counter() - update_start
+
+        # Metrics of ALL ranks every --log-every global steps, by name in one all-reduce (sums; rank 0 logs).
+        last = iteration == num_iterations
+        logging = bool(rt.steps_crossed(prev_step, global_step, args.log_every)) or last
+        if logging:
+            m, sums = rt.all_sum(run, sums), dict.fromkeys(sums, 0.0)
+            scalars = {"charts/updates": num_updates, "charts/actor_updates": num_actor_updates}
+            scalars["perf/update_seconds"] = update_seconds
+            if m["updates"]:  # no losses in an interval without updates
+                scalars |= {f"losses/{k}": m[k] / m["updates"] for k in losses[:4]}
+                scalars["losses/qf_loss"] = (m["qf1_loss"] + m["qf2_loss"]) / m["updates"] / 2.0
+            if m["actor_updates"]:
+                scalars["losses/actor_loss"] = m["actor_loss"] / m["actor_updates"]
+            if world_size > 1 and args.grad_sync == "flat":
+                scalars["perf/grad_sync_seconds"] = grad_sync_seconds
+            rt.log(run, global_step, scalars, (m["ep_return"], m["ep_length"], m["ep_count"]))
+            update_seconds = grad_sync_seconds = 0.0
+        if rt.steps_crossed(prev_step, global_step, args.sync_check_every):  # the target networks too
+            rt.check_replicas_in_sync(f"iteration {iteration}", world_size, *learned.values())
+
+        # Evaluation on rank 0 with the deterministic actor; the stop decision is broadcast, so all ranks stop together.
+        reached = False
+        if rt.steps_crossed(prev_step, global_step, args.eval_every):
+            with rt.off_the_clock(run):
+                video = f"eval-step{global_step}" if args.capture_video else None
+                seed = args.seed + 10**9 + global_step  # seeds no training env uses
+                greedy = args.eval_greedy
+                result = evaluate(actor, eval_envs, args, greedy, seed, device, video) if run.is_main else None
+                reached = rt.log_evaluation(run, result, global_step)
+
+        preempted = logging and rt.preempted(run)  # the vote, on logged steps only: every rank stops there
+        if last or preempted or reached or rt.steps_crossed(prev_step, global_step, args.checkpoint_every):
+            # data only: state dicts and numbers (no rank_state: neither envs nor replay buffers are saved)
+            state = {key: obj.state_dict() for key, obj in learned.items()}
+            state |= dict(agent_kwargs=agent_kwargs, num_updates=num_updates, num_actor_updates=num_actor_updates)
+            rt.save_checkpoint(run, iteration, global_step, None, **state)
+        if preempted or reached:
+            break
+
+    rt.finish(run, global_step, preempted, envs, eval_envs)
+
+
+# ALGO LOGIC: the replay buffer, the two losses and the gradient all-reduce (imported by the tests)
+class ReplayBuffer:
+    """One rank's replay memory: a ring of `capacity` transitions, float32 observations (next_obs stored too)."""
+
+    def __init__(self, capacity: int, obs_dim: int, action_dim: int):
+        self.capacity, self.pos, self.size = capacity, 0, 0
+        self.obs = np.zeros((capacity, obs_dim), dtype=np.float32)
+        self.next_obs = np.zeros((capacity, obs_dim), dtype=np.float32)
+        self.actions = np.zeros((capacity, action_dim), dtype=np.float32)
+        self.rewards = np.zeros(capacity, dtype=np.float32)
+        self.terminations = np.zeros(capacity, dtype=np.float32)
+
+    def add(self, obs, next_obs, actions, rewards, terminations) -> None:
+        """Store one step of every env (arrays of shape [num_envs, ...])."""
+        idx = (self.pos + np.arange(len(obs))) % self.capacity
+        self.obs[idx], self.next_obs[idx], self.actions[idx] = obs, next_obs, actions
+        self.rewards[idx], self.terminations[idx] = rewards, terminations
+        self.pos = int(idx[-1] + 1) % self.capacity
+        self.size = min(self.size + len(obs), self.capacity)
+
+    def sample(self, batch_size: int, device) -> dict:
+        """Uniform over the stored transitions, from this rank's NumPy stream."""
+        idx = np.random.randint(0, self.size, batch_size)
+        names = ("obs", "actions", "rewards", "next_obs", "terminations")
+        return {k: torch.as_tensor(getattr(self, k)[idx], device=device) for k in names}
+
+
+def critic_loss(qf_model, qf_target, target_actor, obs, actions, rewards, next_obs, terminations, args: Args):
+    """The twin Q losses of one local batch; returns (qf1 values, qf2 values, qf1 loss, qf2 loss).
+
+    `qf_model` is the DDP-wrapped TwinQ (or the plain one). The target comes from the target critics at the
+    target actor's action plus clipped noise (target policy smoothing), drawn from this rank's torch stream.
+    """
+    with torch.no_grad():
+        noise = torch.randn(actions.shape, device=actions.device) * args.policy_noise
+        clipped_noise = noise.clamp(-args.noise_clip, args.noise_clip) * target_actor.action_scale
+        low = target_actor.action_bias - target_actor.action_scale
+        high = target_actor.action_bias + target_actor.action_scale
+        next_state_actions = (target_actor(next_obs) + clipped_noise).clamp(low, high)
+        qf1_next_target, qf2_next_target = qf_target(next_obs, next_state_actions)
+        min_qf_next_target = torch.min(qf1_next_target, qf2_next_target)
+        next_q_value = rewards + (1 - terminations) * args.gamma * min_qf_next_target
+    qf1_a_values, qf2_a_values = qf_model(obs, actions)
+    return qf1_a_values, qf2_a_values, F.mse_loss(qf1_a_values, next_q_value), F.mse_loss(qf2_a_values, next_q_value)
+
+
+def policy_loss(actor_model, qf, obs):
+    """The actor's loss on one local batch, through the first critic; `actor_model` is the DDP-wrapped actor.
+
+    CRUCIAL: the critics are called unwrapped with their parameters frozen, so the actor's backward neither
+    reaches the critics' DDP hooks (an all-reduce the flat path would not make) nor leaves critic gradients behind.
+    """
+    qf.requires_grad_(False)
+    qf1_pi = qf.qf1(obs, actor_model(obs))
+    qf.requires_grad_(True)
+    return -qf1_pi.mean()
+
+
+def all_reduce_gradients_flat(params, world_size: int) -> None:
+    """Average gradients across ranks with one all-reduce of one flat buffer (instead of DDP).
+
+    After cswinter's batched scheme (entity-neural-network/incubator#220), used by CleanRL.
+    """
+    if world_size == 1:
+        return
+    grads = [p.grad for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= world_size
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+# A bad --env-id ends the run with one line, before anything is built
+def check_env(env_id: str) -> None:
+    """Raise RunError unless `env_id` names a registered env with a Box action and observation space."""
+    try:
+        env = make_env(env_id)()
+    except gym.error.DependencyNotInstalled as e:
+        raise rt.RunError(f"--env-id {env_id} needs a missing package ({e}); try: pip install -e '.[mujoco]'") from None
+    except Exception as e:  # gymnasium raises several error types for unknown or broken ids
+        raise rt.RunError(
+            f"unknown --env-id {env_id!r} ({type(e).__name__}); try Hopper-v5, HalfCheetah-v5 or Pendulum-v1"
+        ) from None
+    spaces = env.action_space, env.observation_space
+    env.close()
+    for what, space in zip(("action", "observation"), spaces, strict=True):
+        if not isinstance(space, gym.spaces.Box):
+            kind = type(space).__name__
+            raise rt.RunError(f"--env-id {env_id} has a {kind} {what} space; this script needs a Box one")
+
+
+# Evaluation on rank 0, in envs of its own: the interface every script offers (cleanrl_ddp/evaluate.py uses it)
+def make_eval_envs(args: Args, num_envs: int, video_dir: Optional[str] = None) -> gym.vector.SyncVectorEnv:
+    """Evaluation envs apart from the training ones; with `video_dir`, env 0 can record MP4s (`evaluate` starts it)."""
+    envs = [make_env(args.env_id, "rgb_array" if video_dir and i == 0 else None) for i in range(num_envs)]
+    if video_dir:
+        first = envs[0]
+        envs[0] = lambda: gym.wrappers.RecordVideo(first(), video_dir, lambda _: False, disable_logger=True)
+    return gym.vector.SyncVectorEnv(envs)
+
+
+def load_agent(ckpt: dict, device) -> Actor:
+    actor = Actor(**ckpt["agent_kwargs"]).to(device)
+    actor.load_state_dict(ckpt["actor"])
+    return actor
+
+
+def evaluate(actor, eval_envs, args: Args, greedy: bool, seed: int, device, video_name: Optional[str] = None):
+    """Play one episode in each env of `eval_envs`; returns (returns, lengths, video). Rank 0 only.
+
+    `greedy` acts with the actor alone; otherwise it adds the exploration noise (as CleanRL's td3_eval), drawn
+    from a generator of its own, so evaluating never moves the training streams. With `video_name`, env 0's
+    episode is saved as {video_dir}/{video_name}.mp4 and `video` is dict(path, frames [T, H, W, C] uint8, fps).
+    """
+    episodes = eval_envs.num_envs
+    generator = torch.Generator(device=device).manual_seed(seed)
+    obs, _ = eval_envs.reset(seed=[seed + i for i in range(episodes)])
+    recorder = eval_envs.envs[0] if video_name is not None else None
+    if recorder is not None:
+        recorder.start_recording(video_name)
+        recorder.recorded_frames.append(recorder.render())  # the first frame, before any action
+    low, high = eval_envs.single_action_space.low, eval_envs.single_action_space.high
+    returns, lengths = np.zeros(episodes), np.zeros(episodes, dtype=np.int64)
+    running, video = np.ones(episodes, dtype=bool), None
+    while running.any():
+        with torch.no_grad():
+            action = actor(torch.as_tensor(obs, dtype=torch.float32, device=device))
+            if not greedy:
+                noise = torch.randn(action.shape, generator=generator, device=device)
+                action += noise * actor.action_scale * args.exploration_noise
+        obs, reward, terminations, truncations, _ = eval_envs.step(action.cpu().numpy().clip(low, high))
+        returns += reward * running
+        lengths += running
+        running &= ~(terminations | truncations)  # NextStep autoreset: later steps of that env are ignored
+        if recorder is not None and recorder.recording and not running[0]:
+            path = os.path.join(recorder.video_folder, f"{video_name}.mp4")
+            video = dict(path=path, frames=np.stack(recorder.recorded_frames), fps=recorder.frames_per_sec)
+            recorder.stop_recording()  # writes the MP4
+    return returns, lengths, video
+
+
+if __name__ == "__main__":
+    with rt.exit_codes(SCRIPT):
+        main()
