@@ -58,6 +58,11 @@ FEW_ITERATIONS = {
         "--env-id Pendulum-v1 --buffer-size 512 --learning-starts 64 --local-batch-size 32 --log-every 64",
         256,
     ),
+    # the same for TD3: the actor and both target networks after every 2nd update (96)
+    "td3_continuous_action_multigpu.py": (
+        "--env-id Pendulum-v1 --buffer-size 512 --learning-starts 64 --local-batch-size 32 --log-every 64",
+        256,
+    ),
 }
 NEEDS = {"ppo_continuous_action_multigpu.py": "mujoco"}  # a module beyond `pip install -e .`: skipped without it
 

@@ -125,6 +125,17 @@ SAC = Script(
     tags=("losses/alpha", "charts/updates"),
 )
 
+# TD3 as SAC: the actor and both target networks after every 2nd critic update
+TD3 = Script(
+    "td3_continuous_action_multigpu.py",
+    "Pendulum-v1",
+    "MountainCarContinuous-v0",
+    SAC.tiny,
+    local_steps=1,
+    learning_rate=None,
+    tags=("charts/updates", "charts/actor_updates"),
+)
+
 
 def case(script: Script, *values, name: str = "") -> pytest.param:
     """One parametrization for `script`, named after it, skipped where it cannot run."""
@@ -135,7 +146,7 @@ def case(script: Script, *values, name: str = "") -> pytest.param:
 
 
 # The scripts that run SIGTERM and --resume (their own state), and those whose resume is exact (their envs pickle)
-SCRIPTS = [case(PPO), case(CONTINUOUS), case(ATARI), case(ASYNC), case(DQN), case(SAC)]
+SCRIPTS = [case(PPO), case(CONTINUOUS), case(ATARI), case(ASYNC), case(DQN), case(SAC), case(TD3)]
 EXACT = (PPO, CONTINUOUS)
 # where a stopped 2-rank run is also resumed (default: one rank); ppo_multigpu resumes on one rank in the
 # elastic and SLURM tests below
@@ -392,7 +403,7 @@ def test_sigterm_then_resume_finishes_and_equals_the_uninterrupted_run(tmp_path,
     final = load(run_dir / "checkpoint.pt")
     assert final["global_step"] == iterations * steps_per_iter
     assert_steps_complete(run_dir, iterations, script)
-    if script is SAC:  # the counters went on from the checkpoint, and updates waited for the buffer refill
+    if script in (SAC, TD3):  # the counters went on from the checkpoint, and updates waited for the buffer refill
         assert f"updates restart at global step {stopped_step + 16}" in resumed.stdout
         refilled = iterations - stopped_at - 16 // steps_per_iter  # iterations with updates after the resume
         assert final["num_updates"] == ckpt["num_updates"] + 2 * max(refilled, 0) > ckpt["num_updates"]

@@ -1,0 +1,67 @@
+"""td3_continuous_action_multigpu.py: sizes, one-line errors, and a 2-rank run that learns Pendulum-v1 on the CPU.
+
+The distributed guarantees (same start, no drift of the critics, the actor and both target networks, the 2-rank
+update equal to one process on the union, ddp == flat, schedules) are in tests/test_distributed_correctness.py;
+SIGTERM, resume and the world-size change in tests/test_fault_tolerance.py.
+"""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from helpers import REPO, assert_one_line_error, launch, only_run_dir, read_scalars
+
+from cleanrl_ddp.runtime import RunError
+from cleanrl_ddp.td3_continuous_action_multigpu import Args, derive_sizes
+
+SCRIPT = "td3_continuous_action_multigpu.py"
+
+
+def test_sizes_keep_cleanrls_replay_ratio_by_default():
+    """One update per iteration: 256 sampled transitions per env step at any world size; the batch grows."""
+    for world_size in (1, 2, 8):
+        sizes = derive_sizes(Args(), world_size)
+        assert sizes["batch_size"] == 256 * world_size and sizes["local_buffer_size"] == 1000000 // world_size
+        assert sizes["replay_ratio"] == 256 and sizes["updates_per_env_step"] == 1 / world_size
+    sizes = derive_sizes(Args(local_batch_size=128, updates_per_iteration=2), 2)  # CleanRL's update on 2 ranks
+    assert (sizes["batch_size"], sizes["replay_ratio"], sizes["updates_per_env_step"]) == (256, 256, 1)
+    with pytest.raises(RunError, match="--policy-frequency must be at least 1"):
+        derive_sizes(Args(policy_frequency=0), 1)
+
+
+@pytest.mark.parametrize(
+    "flags, pattern",
+    [
+        (["--env-id", "CartPole-v1"], r"CartPole-v1 has a Discrete action space; this script needs a Box one"),
+        (["--env-id", "Pendulum-v1", "--buffer-size", "1"], r"--buffer-size 1 does not split into 1 rank buffers"),
+    ],
+    ids=["discrete-env", "tiny-buffer"],
+)
+def test_bad_input_is_one_line(tmp_path, flags, pattern):
+    proc = launch(SCRIPT, [*flags, "--runs-dir", tmp_path], nproc=0, timeout=120)
+    assert_one_line_error(proc, pattern, SCRIPT)
+    assert not any(tmp_path.iterdir())
+
+
+def test_two_ranks_learn_pendulum(tmp_path):
+    """2 ranks x 1 env, CleanRL's update (global batch 256, one update per global step): rank 0's actor, evaluated
+    at the end, swings the pendulum up (a random policy scores about -1,200); the evaluate command plays the
+    checkpoint through the script's evaluation interface."""
+    flags = ["--env-id", "Pendulum-v1", "--total-timesteps", 8000, "--learning-starts", 1000]
+    flags += ["--local-batch-size", 128, "--updates-per-iteration", 2]
+    flags += ["--eval-every", 8000, "--eval-episodes", 4, "--runs-dir", tmp_path]
+    proc = launch(SCRIPT, flags, nproc=2, timeout=420)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    scalars = read_scalars(only_run_dir(tmp_path))
+    (step, evaluated), *_ = scalars["eval/episodic_return"]
+    assert step == 8000 and evaluated > -400, scalars["eval/episodic_return"]
+    assert scalars["charts/updates"][-1][1] == 8000 - 1000 and scalars["charts/actor_updates"][-1][1] == 3500
+    ckpt = torch.load(only_run_dir(tmp_path) / "checkpoint.pt", weights_only=True)  # data only
+    assert ckpt["agent_kwargs"]["action_high"] == [2.0]
+
+    evaluate = [sys.executable, "-m", "cleanrl_ddp.evaluate", only_run_dir(tmp_path), "--episodes", "2"]
+    proc = subprocess.run(evaluate, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "td3_continuous_action_multigpu Pendulum-v1 at global step 8000: return " in proc.stdout
+    assert "over 2 greedy episodes" in proc.stdout
