@@ -9,7 +9,8 @@ this tool uses the
 evaluation interface every script offers (cleanrl_ddp/runtime.py): `load_agent(ckpt, device)`,
 `make_eval_envs(args, num_envs, video_dir)` and `evaluate(agent, eval_envs, args, greedy, seed, device,
 video_name)`, with the run's own `Args`. Atari episodes are whole games (all lives), scored with the
-game's own points. DQN plays epsilon-greedily: `--greedy` is epsilon 0, `--sample` the run's `--eval-epsilon`.
+game's own points. DQN plays epsilon-greedily: `--greedy` is epsilon 0, `--sample` the run's `--eval-epsilon`;
+TD3's actor is deterministic: `--sample` adds the run's `--exploration-noise`.
 Nothing is written into the run that is read: videos (`--capture-video`, needs `pip install -e ".[video]"`) go
 to `--out-dir` (default: a new directory `evaluate-<run>-step<N>` under the working directory), never over an
 existing file, and into the run's TensorBoard events only with `--log-to-run`. Bad input ends with one line
@@ -86,13 +87,18 @@ def main(argv=None) -> int:
     parser.add_argument("--episodes", type=int, default=10, help="episodes to play, in parallel (default: 10)")
     policy = parser.add_mutually_exclusive_group()
     policy.add_argument(
-        "--greedy", dest="greedy", action="store_true", default=None, help="take the likeliest action (DQN: epsilon 0)"
+        "--greedy",
+        dest="greedy",
+        action="store_true",
+        default=None,
+        help="take the likeliest action (DQN: epsilon 0; TD3: the actor's action)",
     )
     policy.add_argument(
         "--sample",
         dest="greedy",
         action="store_false",
-        help="sample actions from the policy (DQN: the run's --eval-epsilon); default: the run's --eval-greedy",
+        help="sample actions from the policy (DQN: the run's --eval-epsilon; TD3: the actor's action plus the run's "
+        "--exploration-noise); default: the run's --eval-greedy",
     )
     parser.add_argument("--seed", type=int, default=12345, help="seed of the evaluation envs and sampling")
     parser.add_argument("--capture-video", action="store_true", help="record the first episode to --out-dir")
