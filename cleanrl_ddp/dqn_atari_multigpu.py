@@ -101,12 +101,7 @@ def derive_sizes(args: Args, world_size: int) -> dict:
         if getattr(args, name) < 1:
             raise rt.RunError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     num_envs = args.local_num_envs * world_size
-    if args.buffer_size % num_envs != 0:
-        raise rt.RunError(
-            f"--buffer-size {args.buffer_size} does not divide among {num_envs} envs "
-            f"({world_size} ranks x --local-num-envs {args.local_num_envs})"
-        )
-    env_buffer_capacity = args.buffer_size // num_envs
+    env_buffer_capacity = args.buffer_size // num_envs  # rounded down: all envs hold at most --buffer-size
     if env_buffer_capacity < STACK_NUM + 2:
         raise rt.RunError(
             f"--buffer-size {args.buffer_size} leaves {env_buffer_capacity} slots per env; each env needs at "
@@ -125,7 +120,7 @@ def derive_sizes(args: Args, world_size: int) -> dict:
         world_size=world_size,
         num_envs=num_envs,
         batch_size=args.local_batch_size * world_size,
-        local_buffer_size=args.buffer_size // world_size,
+        local_buffer_size=env_buffer_capacity * args.local_num_envs,
         env_buffer_capacity=env_buffer_capacity,
         num_iterations=num_iterations,
         replay_ratio=args.local_batch_size * world_size / args.train_frequency,

@@ -87,10 +87,10 @@ def derive_sizes(args: Args, world_size: int) -> dict:
         if getattr(args, name) < 1:
             raise rt.RunError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     num_envs = args.local_num_envs * world_size
-    if args.buffer_size % world_size != 0 or args.buffer_size // world_size < 2 * args.local_num_envs:
+    if args.buffer_size // world_size < 2 * args.local_num_envs:
         raise rt.RunError(
-            f"--buffer-size {args.buffer_size} does not split into {world_size} rank buffers of at least two "
-            f"steps of --local-num-envs {args.local_num_envs} envs"
+            f"--buffer-size {args.buffer_size} leaves {args.buffer_size // world_size} transitions to each of "
+            f"{world_size} ranks; each needs two steps of its --local-num-envs {args.local_num_envs} envs"
         )
     num_iterations = args.total_timesteps // num_envs
     if num_iterations < 1:
@@ -99,7 +99,7 @@ def derive_sizes(args: Args, world_size: int) -> dict:
         world_size=world_size,
         num_envs=num_envs,
         batch_size=args.local_batch_size * world_size,
-        local_buffer_size=args.buffer_size // world_size,
+        local_buffer_size=args.buffer_size // world_size,  # rounded down: all ranks hold at most --buffer-size
         num_iterations=num_iterations,
         updates_per_env_step=args.updates_per_iteration / num_envs,
         replay_ratio=args.updates_per_iteration * args.local_batch_size * world_size / num_envs,

@@ -149,8 +149,13 @@ def test_derived_sizes():
         num_iterations=125,
         replay_ratio=16.0,
     )
-    with pytest.raises(ValueError, match="does not divide among 8 envs"):
-        derive_sizes(dataclasses.replace(args, buffer_size=1001), 2)
+    # a share that does not divide is rounded down (the table shows it): CleanRL's 1M frames on 3 ranks
+    sizes = derive_sizes(dataclasses.replace(args, buffer_size=1001), 2)
+    assert (sizes["env_buffer_capacity"], sizes["local_buffer_size"]) == (125, 500)
+    sizes = derive_sizes(Args(), 3)
+    assert (sizes["env_buffer_capacity"], sizes["local_buffer_size"]) == (333333, 333333)
+    with pytest.raises(ValueError, match="leaves 5 slots per env"):
+        derive_sizes(dataclasses.replace(args, buffer_size=40), 2)
     fields = {f.name for f in dataclasses.fields(Args)}
     assert not fields & {"num_envs", "batch_size", "local_buffer_size", "num_iterations", "world_size"}
 

@@ -27,8 +27,10 @@ def test_sizes_keep_cleanrls_replay_ratio_by_default():
     # CleanRL's exact update at 2 ranks: its global batch and one update per global step
     sizes = derive_sizes(Args(local_batch_size=128, updates_per_iteration=2), 2)
     assert (sizes["batch_size"], sizes["replay_ratio"], sizes["updates_per_env_step"]) == (256, 256, 1)
-    with pytest.raises(RunError, match="--buffer-size 1000001 does not split into 2 rank buffers"):
-        derive_sizes(Args(buffer_size=1000001), 2)
+    # a share that does not divide is rounded down (the sizes table shows it): the default on 3 ranks
+    assert derive_sizes(Args(), 3)["local_buffer_size"] == 333333
+    with pytest.raises(RunError, match="--buffer-size 3 leaves 1 transitions to each of 2 ranks"):
+        derive_sizes(Args(buffer_size=3), 2)
     with pytest.raises(RunError, match="--policy-frequency must be at least 1"):
         derive_sizes(Args(policy_frequency=0), 1)
 
