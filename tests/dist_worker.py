@@ -176,6 +176,14 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 # ---------------------------------------------------------------------------------------------- unit
+def import_script(script_path: str):
+    """The very file under test as a module (not whatever `cleanrl_ddp` package is installed)."""
+    module_spec = importlib.util.spec_from_file_location(Path(script_path).stem, script_path)
+    mod = sys.modules[module_spec.name] = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(mod)
+    return mod
+
+
 def ppo_batch(mod, spec, agent0, n, g):
     """A PPO global batch: ratios != 1 (clipping is exercised), advantages not yet normalised (ppo_loss does it)."""
     obs = spec.make_obs(n, g)
@@ -199,10 +207,7 @@ def dqn_batch(mod, spec, agent0, n, g):
 def unit_script(script_path: str, rank: int, world_size: int) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    # import the very file under test (not whatever `cleanrl_ddp` package is installed)
-    module_spec = importlib.util.spec_from_file_location(Path(script_path).stem, script_path)
-    mod = sys.modules[module_spec.name] = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(mod)
+    mod = import_script(script_path)
     spec = SCRIPTS[Path(script_path).name]
     args = mod.Args()
     if not spec.dqn:
@@ -299,9 +304,7 @@ def unit_sac(script_path: str, rank: int, world_size: int) -> dict:
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    module_spec = importlib.util.spec_from_file_location(Path(script_path).stem, script_path)
-    mod = sys.modules[module_spec.name] = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(mod)
+    mod = import_script(script_path)
     spec, args = SCRIPTS[Path(script_path).name], mod.Args()
     assert args.autotune and args.policy_frequency == 2 and args.target_network_frequency == 1
 
@@ -418,9 +421,7 @@ def unit_td3(script_path: str, rank: int, world_size: int) -> dict:
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    module_spec = importlib.util.spec_from_file_location(Path(script_path).stem, script_path)
-    mod = sys.modules[module_spec.name] = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(mod)
+    mod = import_script(script_path)
     spec, args = SCRIPTS[Path(script_path).name], mod.Args()
     assert args.policy_frequency == 2
 
