@@ -3,9 +3,8 @@
     python -m cleanrl_ddp.evaluate runs/CartPole-v1__ppo_multigpu__1__1700000000 --episodes 10
     python -m cleanrl_ddp.evaluate runs/.../checkpoint.pt --sample --capture-video
 
-The checkpoint is loaded as data only (no code in it runs; `--trust-checkpoint` loads the old pickled format,
-and so runs its code). Its "script" key must name a script module of this package (cleanrl_ddp/<script>.py);
-this tool uses the
+The checkpoint is loaded as data only (no code in it runs; a file of the old pickled format is refused).
+Its "script" key must name a script module of this package (cleanrl_ddp/<script>.py); this tool uses the
 evaluation interface every script offers (cleanrl_ddp/runtime.py): `load_agent(ckpt, device)`,
 `make_eval_envs(args, num_envs, video_dir)` and `evaluate(agent, eval_envs, args, greedy, seed, device,
 video_name)`, with the run's own `Args`. Atari episodes are whole games (all lives), scored with the
@@ -41,14 +40,14 @@ def package_scripts() -> set:
     return {name[:-3] for name in os.listdir(PACKAGE_DIR) if re.fullmatch(r"[a-z0-9_]+_multigpu\.py", name)}
 
 
-def load(path: str, trust: bool = False) -> tuple[dict, str]:
+def load(path: str) -> tuple[dict, str]:
     """The checkpoint at `path` (a run directory or a checkpoint file) and its run directory."""
     if os.path.isdir(path):
         path = os.path.join(path, "checkpoint.pt")
     if not os.path.isfile(path):
         raise EvalError(f"no checkpoint at {path}")
     try:
-        ckpt = read_checkpoint(path, trust)
+        ckpt = read_checkpoint(path)
     except RunError as e:
         raise EvalError(str(e)) from None
     script = ckpt.get("script") if isinstance(ckpt, dict) else None
@@ -110,17 +109,12 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--device", default="cpu", help="torch device to run the agent on (default: cpu)")
     parser.add_argument("--env-id", help="the env id, when the checkpoint's has a module prefix (module:Env)")
-    parser.add_argument(
-        "--trust-checkpoint",
-        action="store_true",
-        help="load a checkpoint of the old pickled format: this RUNS ANY CODE the file carries",
-    )
     options = parser.parse_args(argv)
     if options.episodes < 1:
         raise EvalError(f"--episodes must be at least 1, got {options.episodes}")
     device = choose_device(options.device)
 
-    ckpt, run_dir = load(options.path, options.trust_checkpoint)
+    ckpt, run_dir = load(options.path)
     script = ckpt["script"]
     module = importlib.import_module(f"cleanrl_ddp.{script}")
     if "agent_kwargs" not in ckpt:

@@ -92,8 +92,6 @@ class RunArgs:
     """write checkpoint.pt every N iterations (DQN: global steps); 0 = only at the end and when stopped"""
     resume: Optional[str] = None
     """continue from a run directory or a checkpoint.pt file (its flags are the defaults; flags given here win)"""
-    trust_checkpoint: bool = False
-    """load a checkpoint of the old pickled format: this RUNS ANY CODE the file carries; only for files you wrote"""
 
 
 @dataclass
@@ -394,11 +392,11 @@ def library_versions() -> dict:
     return versions
 
 
-def read_checkpoint(path: str, trust: bool = False) -> dict:
+def read_checkpoint(path: str) -> dict:
     """`torch.load` a checkpoint as data only (tensors, numbers, strings, lists, dicts): loading never runs code.
 
     Raises RunError naming the likely cause: a damaged file (its zip archive is torn), the old pickled format
-    (refused unless `trust`), or an intact file this torch cannot read (another version wrote it).
+    (refused: it cannot be read safely), or an intact file this torch cannot read (another version wrote it).
     """
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
@@ -411,36 +409,25 @@ def read_checkpoint(path: str, trust: bool = False) -> dict:
         intact = False
     if not intact:
         raise RunError(f"{path} is truncated or corrupt (a damaged file: {type(error).__name__}); it was left as it is")
-    if not (isinstance(error, pickle.UnpicklingError) and "Unsupported global" in str(error)):
+    if isinstance(error, pickle.UnpicklingError) and "Unsupported global" in str(error):
         raise RunError(
-            f"{path} is intact but torch {torch.__version__} cannot read it ({type(error).__name__}): most likely "
-            "a version mismatch (written by another torch); it was left as it is"
+            f"{path} holds pickled objects (the format before checkpoints became data): loading it would run code "
+            "the file carries, so it cannot be read safely; it was left as it is"
         )
-    if not trust:
-        raise RunError(
-            f"{path} holds pickled objects (the old checkpoint format), and loading them would run code the file "
-            "carries: pass --trust-checkpoint to load it anyway, only if you wrote it yourself"
-        )
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)  # --trust-checkpoint: runs the file's code
-    except Exception as e:
-        raise RunError(
-            f"{path} is intact but needs code this installation lacks ({type(e).__name__}: {str(e)[:80]}): a version "
-            f"mismatch with the libraries that wrote it (now {library_versions()}); it was left as it is"
-        ) from None
-    if isinstance(ckpt, dict) and isinstance(ckpt.get("rank_state"), list):
-        ckpt["rank_state"] = [None] * len(ckpt["rank_state"])  # pickled envs: start new episodes instead
-    return ckpt
+    raise RunError(
+        f"{path} is intact but torch {torch.__version__} cannot read it ({type(error).__name__}): most likely "
+        "a version mismatch (written by another torch); it was left as it is"
+    )
 
 
-def load_checkpoint(path: str, script: str, required: tuple = (), trust: bool = False) -> dict:
+def load_checkpoint(path: str, script: str, required: tuple = ()) -> dict:
     """Load and validate a checkpoint of `script` holding `required` state; raise RunError with the reason."""
     if os.path.isdir(path):
         path = os.path.join(path, "checkpoint.pt")
     if not os.path.isfile(path):
         raise RunError(f"--resume: no checkpoint at {path}")
     try:
-        ckpt = read_checkpoint(path, trust)
+        ckpt = read_checkpoint(path)
     except RunError as e:
         raise RunError(f"--resume: {e}") from None
     if not isinstance(ckpt, dict) or ckpt.get("script") != script:
@@ -476,15 +463,9 @@ def set_rng_states(states: dict, device: torch.device) -> None:
     version, internal, gauss = states["python"]
     random.setstate((version, tuple(internal), gauss))
     numpy = states["numpy"]
-    if isinstance(numpy, dict):
-        numpy = (
-            numpy["kind"],
-            numpy["key"].numpy().astype(np.uint32),
-            numpy["pos"],
-            numpy["has_gauss"],
-            numpy["gauss"],
-        )
-    np.random.set_state(numpy)  # a tuple: a checkpoint of the old format (--trust-checkpoint)
+    np.random.set_state(
+        (numpy["kind"], numpy["key"].numpy().astype(np.uint32), numpy["pos"], numpy["has_gauss"], numpy["gauss"])
+    )
     torch.set_rng_state(states["torch"])
     if device.type == "cuda" and "cuda" in states:
         torch.cuda.set_rng_state(states["cuda"], device)
@@ -610,7 +591,7 @@ def broadcast_from_main(run: Run, obj):
 
 FLAGS_FILE = "flags.json"
 """written into a new run directory: the script and flags that made it, so that a restart recognises its own"""
-NOT_FROM_CHECKPOINT = ("track", "wandb_project_name", "wandb_entity", "trust_checkpoint", "resume")
+NOT_FROM_CHECKPOINT = ("track", "wandb_project_name", "wandb_entity", "resume")
 """flags always taken from this command line, never from a checkpoint (a file someone else may have written)"""
 
 
@@ -658,7 +639,7 @@ def resume(run: Run, args: RunArgs, required: tuple = ()) -> tuple[Any, Optional
             check_run_name(run_name)
             run_dir, source, new_dir, ckpt = os.path.join(args.runs_dir, run_name), args.resume, False, None
             if source is None and os.path.isfile(os.path.join(run_dir, "checkpoint.pt")):
-                ckpt = load_checkpoint(run_dir, run.script, required, args.trust_checkpoint)
+                ckpt = load_checkpoint(run_dir, run.script, required)
                 diffs, source = differing_flags(ckpt["args"], args, ckpt["sizes"], run.world_size), run_dir
             elif source is None and os.path.lexists(run_dir):  # a restart before the first checkpoint, or not ours
                 try:
@@ -675,7 +656,7 @@ def resume(run: Run, args: RunArgs, required: tuple = ()) -> tuple[Any, Optional
                     "to continue that run, or another --run-name for a new one (nothing was written)"
                 )
             if source and ckpt is None:
-                ckpt = load_checkpoint(source, run.script, required, args.trust_checkpoint)
+                ckpt = load_checkpoint(source, run.script, required)
             if ckpt is not None:
                 if args.resume:  # continue writing into the directory of the checkpoint
                     run_dir = args.resume if os.path.isdir(args.resume) else os.path.dirname(args.resume) or "."

@@ -137,8 +137,8 @@ def test_checkpoint_records_versions_and_names_damage_or_version_mismatch(tmp_pa
     torch.save(dict(script="ppo_multigpu", env=importlib.import_module("oldlib_env").Env()), moved)
     clean_launch.delitem(sys.modules, "oldlib_env")
     (tmp_path / "lib" / "oldlib_env.py").unlink()
-    with pytest.raises(rt.RunError, match=r"is intact but needs code this installation lacks .*version mismatch"):
-        rt.read_checkpoint(str(moved), trust=True)
+    with pytest.raises(rt.RunError, match=r"holds pickled objects \(the format before checkpoints became data\)"):
+        rt.read_checkpoint(str(moved))
 
 
 # ------------------------------------------------------------------------------------------ nothing runs from a file
@@ -185,17 +185,15 @@ def test_a_checkpoint_that_carries_code_is_refused_everywhere(tmp_path, main_in_
     before = path.read_bytes()
 
     proc = launch("ppo_multigpu.py", ["--resume", path], nproc=0, timeout=120)
-    assert_one_line_error(
-        proc, r"holds pickled objects .* pass --trust-checkpoint to load it anyway", "ppo_multigpu.py"
-    )
+    refused = r"holds pickled objects \(the format before checkpoints became data\).* cannot be read safely"
+    assert_one_line_error(proc, refused, "ppo_multigpu.py")
     message = main_in_process("ppo_multigpu", "--runs-dir", tmp_path / "runs", "--run-name", "shared")
-    assert "holds pickled objects" in message and "--trust-checkpoint" in message
-    with pytest.raises(evaluate.EvalError, match="holds pickled objects .*--trust-checkpoint"):
+    assert re.search(refused, message)
+    with pytest.raises(evaluate.EvalError, match=refused):
         evaluate.main([str(path)])
+    with pytest.raises(SystemExit):  # no opt-in left: the flag is gone
+        evaluate.main([str(path), "--trust-checkpoint"])
     assert not marker.exists() and path.read_bytes() == before
-
-    assert rt.read_checkpoint(str(path), trust=True)["script"] == "ppo_multigpu"
-    assert marker.exists()  # the opt-in runs the file's code: that is what --trust-checkpoint means
 
 
 @pytest.fixture
@@ -243,10 +241,10 @@ def test_track_and_wandb_names_never_come_from_a_checkpoint(tmp_path, clean_laun
     run = train(tmp_path, iterations=1, track=False)
     path = os.path.join(run.run_dir, "checkpoint.pt")
     ckpt = torch.load(path, weights_only=True)
-    ckpt["args"] |= dict(track=True, wandb_entity="someone-else", trust_checkpoint=True)
+    ckpt["args"] |= dict(track=True, wandb_entity="someone-else")
     torch.save(ckpt, path)
     args, _ = rt.resume(one_rank(runs_dir=str(tmp_path)), Args(resume=run.run_dir))
-    assert not args.track and args.wandb_entity is None and not args.trust_checkpoint
+    assert not args.track and args.wandb_entity is None
 
 
 # ------------------------------------------------------------------------------------------ one run, one directory

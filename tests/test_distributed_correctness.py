@@ -26,7 +26,7 @@ COMMON = ["--dist-timeout", "60", "--seed", "7"]  # a desynchronised collective 
 def load_ranks(outdir: Path, world_size: int) -> list[dict]:
     files = sorted(outdir.glob("rank*.pt"))
     assert len(files) == world_size, files
-    return [torch.load(outdir / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
+    return [torch.load(outdir / f"rank{r}.pt", weights_only=True) for r in range(world_size)]
 
 
 def observe(spec, outdir: Path, nproc: int, flags, mode="observe", **kw):
