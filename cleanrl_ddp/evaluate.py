@@ -26,7 +26,8 @@ from dataclasses import fields
 import numpy as np
 import torch
 
-from cleanrl_ddp.runtime import EXIT_BAD_INPUT, RunError, check_saved_env_id, log_video, read_checkpoint
+from cleanrl_ddp.checkpoint import check_saved_env_id, read_checkpoint
+from cleanrl_ddp.runtime import EXIT_BAD_INPUT, RunError, log_video
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 

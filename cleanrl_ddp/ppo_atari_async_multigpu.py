@@ -284,7 +284,7 @@ def main() -> None:
     staging = [staging_buffer(e, run.pin) for e in envs]
     next_obs = [to_device(frames, staging[h], device, run.pin) for h, (frames, _) in enumerate(resets)]
     num_iterations, preempted = sizes["num_iterations"], False
-    rt.open_logs(run, sizes, ckpt)  # TensorBoard (W&B) and the sizes table; the SPS clock starts here
+    rt.open_run(run, sizes, ckpt)  # check the sizes, claim the run directory, TensorBoard (W&B); SPS clock starts
 
     for iteration in range(start_iteration, num_iterations + 1):
         rollout_start = time.perf_counter()

@@ -25,6 +25,7 @@ import tyro
 from torch.distributions.normal import Normal
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from cleanrl_ddp import env_state
 from cleanrl_ddp import runtime as rt
 
 SCRIPT = os.path.basename(__file__)[: -len(".py")]
@@ -230,8 +231,8 @@ def main() -> None:
     discounted_return = np.zeros(args.local_num_envs)  # per env, for reward scaling (not the episodic return)
     next_done = np.zeros(args.local_num_envs)
     if ckpt:  # every env continues exactly where it was, whichever rank steps it now
-        share = rt.rank_share(run, ckpt)
-        if rt.set_env_states(run, envs.envs, share[0] if share else None):
+        share = env_state.split_for_rank(run, ckpt)
+        if env_state.restore(run, envs.envs, share[0] if share else None):
             next_raw_obs, next_done, episode_return, episode_length, discounted_return = (x.numpy() for x in share[1:])
         else:  # an env family with no state function: new episodes, from seeds no earlier attempt used
             seed0 = env_seed0 + (start_iteration - 1) * sizes["num_envs"]
@@ -250,7 +251,7 @@ def main() -> None:
     next_done = torch.as_tensor(next_done, dtype=torch.float32, device=device)
     action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
     num_iterations, preempted = sizes["num_iterations"], False
-    rt.open_logs(run, sizes, ckpt)  # TensorBoard (W&B) and the sizes table; the SPS clock starts here
+    rt.open_run(run, sizes, ckpt)  # check the sizes, claim the run directory, TensorBoard (W&B); SPS clock starts
 
     for iteration in range(start_iteration, num_iterations + 1):
         rollout_start = time.perf_counter()
@@ -396,7 +397,7 @@ def main() -> None:
         last = iteration == num_iterations or preempted or reached
         if last or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
             # each rank's envs as data (MuJoCo's integration state, RNGs, step counts), never pickled objects
-            env_states = [rt.env_state(env) for env in envs.envs]
+            env_states = [env_state.capture(env) for env in envs.envs]
             arrays = (next_raw_obs, next_done.cpu().numpy(), episode_return, episode_length, discounted_return)
             rank_state = (env_states, *map(torch.from_numpy, arrays))
             state = dict(agent=agent.state_dict(), agent_kwargs=agent_kwargs, optimizer=optimizer.state_dict())

@@ -29,6 +29,7 @@ import tyro
 from torch.distributions.categorical import Categorical
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from cleanrl_ddp import env_state
 from cleanrl_ddp import runtime as rt
 
 SCRIPT = os.path.basename(__file__)[: -len(".py")]
@@ -213,8 +214,8 @@ def main() -> None:
     episode_return, episode_length = np.zeros(args.local_num_envs), np.zeros(args.local_num_envs, dtype=np.int64)
     next_done = np.zeros(args.local_num_envs)
     if ckpt:  # every env continues exactly where it was, whichever rank steps it now
-        share = rt.rank_share(run, ckpt)
-        if rt.set_env_states(run, envs.envs, share[0] if share else None):
+        share = env_state.split_for_rank(run, ckpt)
+        if env_state.restore(run, envs.envs, share[0] if share else None):
             next_obs, next_done, episode_return, episode_length = (x.numpy() for x in share[1:])
         else:  # an env family with no state function: new episodes, from seeds no earlier attempt used
             seed0 = env_seed0 + (start_iteration - 1) * sizes["num_envs"]
@@ -230,7 +231,7 @@ def main() -> None:
     next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
     next_done = torch.as_tensor(next_done, dtype=torch.float32, device=device)
     num_iterations, preempted = sizes["num_iterations"], False
-    rt.open_logs(run, sizes, ckpt)  # TensorBoard (W&B) and the sizes table; the SPS clock starts here
+    rt.open_run(run, sizes, ckpt)  # check the sizes, claim the run directory, TensorBoard (W&B); SPS clock starts
 
     for iteration in range(start_iteration, num_iterations + 1):
         rollout_start = time.perf_counter()
@@ -349,7 +350,7 @@ def main() -> None:
         preempted = rt.preempted(run)  # a SIGTERM/SIGUSR1 on any rank stops every rank here
         last = iteration == num_iterations or preempted or reached
         if last or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
-            env_states = [rt.env_state(env) for env in envs.envs]  # data (tensors, numbers), never pickled objects
+            env_states = [env_state.capture(env) for env in envs.envs]  # data (tensors, numbers), never pickled objects
             episodes_so_far = torch.from_numpy(episode_return), torch.from_numpy(episode_length)
             rank_state = (env_states, next_obs.cpu(), next_done.cpu(), *episodes_so_far)  # this rank's
             state = dict(agent=agent.state_dict(), agent_kwargs=agent_kwargs, optimizer=optimizer.state_dict())

@@ -250,7 +250,7 @@ def main() -> None:
     sums = dict.fromkeys(("ep_return", "ep_length", "ep_count", "updates", "actor_updates", *losses), 0.0)
     update_seconds = grad_sync_seconds = 0.0  # rank 0's time in updates and in the flat all-reduce, per log interval
     num_iterations, preempted = sizes["num_iterations"], False
-    rt.open_logs(run, sizes, ckpt)  # TensorBoard (W&B) and the sizes table; the SPS clock starts here
+    rt.open_run(run, sizes, ckpt)  # check the sizes, claim the run directory, TensorBoard (W&B); SPS clock starts
 
     for iteration in range(start_iteration, num_iterations + 1):
         prev_step = global_step

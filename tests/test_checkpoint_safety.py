@@ -27,7 +27,8 @@ import pytest
 import torch
 from helpers import REPO, assert_one_line_error, free_port, launch, only_run_dir, read_scalars, script_path, wait_until
 
-from cleanrl_ddp import evaluate
+from cleanrl_ddp import checkpoint, env_state, evaluate
+from cleanrl_ddp import launch as launcher
 from cleanrl_ddp import runtime as rt
 
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_NTASKS", "SLURM_PROCID")
@@ -62,7 +63,7 @@ def train(tmp_path, iterations=2, **flags) -> rt.Run:
     """A run of the module alone: resume, open the logs, log and checkpoint `iterations` iterations, finish."""
     run = one_rank(runs_dir=str(tmp_path), **flags)
     rt.resume(run, run.args)
-    rt.open_logs(run, dict(batch_size=10, num_iterations=100), None)
+    rt.open_run(run, dict(batch_size=10, num_iterations=100), None)
     for iteration in range(1, iterations + 1):
         rt.log(run, 10 * iteration, {"losses/x": 1.0}, (0.0, 0, 0))
         rt.save_checkpoint(run, iteration, 10 * iteration, None, agent={"w": torch.ones(2)})
@@ -88,12 +89,12 @@ def test_env_state_as_data_continues_the_env_bit_for_bit(env_id):
         if any(original.step(act())[2:4]):
             original.reset()
     buffer = io.BytesIO()
-    torch.save([rt.env_state(original)], buffer)
+    torch.save([env_state.capture(original)], buffer)
     buffer.seek(0)
     states = torch.load(buffer, weights_only=True)  # no allow-list: tensors, numbers, strings, lists and dicts
     restored = gym.make(env_id, max_episode_steps=10)
     restored.reset(seed=99)
-    assert rt.set_env_states(SimpleNamespace(is_main=True), [restored], states)
+    assert env_state.restore(SimpleNamespace(is_main=True), [restored], states)
     resets = 0
     for _ in range(300):
         action = act()
@@ -109,8 +110,8 @@ def test_env_family_without_a_state_function_falls_back_once(capsys):
     """An env of no known family saves None; the resume says so once and starts new episodes (the script reseeds)."""
     env = gym.make("FrozenLake-v1")  # toy_text: no state function
     env.reset(seed=0)
-    assert rt.env_state(env) is None
-    assert not rt.set_env_states(SimpleNamespace(is_main=True), [env, env], [None, None])
+    assert env_state.capture(env) is None
+    assert not env_state.restore(SimpleNamespace(is_main=True), [env, env], [None, None])
     assert capsys.readouterr().out.count("no saved env state") == 1
 
 
@@ -118,18 +119,18 @@ def test_checkpoint_records_versions_and_names_damage_or_version_mismatch(tmp_pa
     run = train(tmp_path, iterations=1)
     ckpt = torch.load(os.path.join(run.run_dir, "checkpoint.pt"), weights_only=True)
     assert ckpt["versions"]["torch"] == torch.__version__ and ckpt["versions"]["gymnasium"] == gym.__version__
-    assert set(ckpt["versions"]) == set(rt.VERSIONED)
+    assert set(ckpt["versions"]) == set(checkpoint.VERSIONED)
     torn = tmp_path / "torn.pt"
     torn.write_bytes((tmp_path / os.path.basename(run.run_dir) / "checkpoint.pt").read_bytes()[:-100])
     with pytest.raises(rt.RunError, match=r"is truncated or corrupt \(a damaged file"):
-        rt.read_checkpoint(str(torn))
+        checkpoint.read_checkpoint(str(torn))
     import zipfile
 
     foreign = tmp_path / "foreign.pt"  # an intact archive that this torch cannot read
     with zipfile.ZipFile(foreign, "w") as archive:
         archive.writestr("archive/data.pkl", b"not a pickle")
     with pytest.raises(rt.RunError, match=r"is intact but torch .* cannot read it .*version mismatch"):
-        rt.read_checkpoint(str(foreign))
+        checkpoint.read_checkpoint(str(foreign))
     moved = tmp_path / "moved.pt"  # the old format, holding an object whose class has moved since it was written
     (tmp_path / "lib").mkdir()
     (tmp_path / "lib" / "oldlib_env.py").write_text("class Env:\n    pass\n")
@@ -138,7 +139,7 @@ def test_checkpoint_records_versions_and_names_damage_or_version_mismatch(tmp_pa
     clean_launch.delitem(sys.modules, "oldlib_env")
     (tmp_path / "lib" / "oldlib_env.py").unlink()
     with pytest.raises(rt.RunError, match=r"holds pickled objects \(the format before checkpoints became data\)"):
-        rt.read_checkpoint(str(moved))
+        checkpoint.read_checkpoint(str(moved))
 
 
 # ------------------------------------------------------------------------------------------ nothing runs from a file
@@ -251,7 +252,7 @@ def test_track_and_wandb_names_never_come_from_a_checkpoint(tmp_path, clean_laun
 def test_same_second_and_same_slurm_job_never_share_a_directory(tmp_path, clean_launch):
     """Two learning rates launched in the same second, then within one SLURM job: two directories (srun steps),
     or, where the launch ids are equal (a batch script's own step), the second stops in one line."""
-    clean_launch.setattr(rt.time, "time", lambda: 1700000000.0)
+    clean_launch.setattr(launcher.time, "time", lambda: 1700000000.0)
     first, second = train(tmp_path / "a"), train(tmp_path / "a", learning_rate=1e-3)
     assert first.run_dir != second.run_dir
 
@@ -277,7 +278,7 @@ def test_a_restart_with_the_same_flags_continues_its_own_run(tmp_path, clean_lau
     first checkpoint, and continues it. Two launches that both found the name free: the second stops."""
     run = one_rank(runs_dir=str(tmp_path), run_name="job")
     rt.resume(run, run.args)
-    rt.open_logs(run, dict(batch_size=10, num_iterations=100), None)  # crashed before its first checkpoint
+    rt.open_run(run, dict(batch_size=10, num_iterations=100), None)  # crashed before its first checkpoint
     rt.close_logs(1)
     again = one_rank(runs_dir=str(tmp_path), run_name="job")
     _, ckpt = rt.resume(again, again.args)
@@ -285,7 +286,7 @@ def test_a_restart_with_the_same_flags_continues_its_own_run(tmp_path, clean_lau
     late = one_rank(runs_dir=str(tmp_path), run_name="job")
     late.run_dir, late.new_dir = run.run_dir, True  # found the name free just before the first run created it
     with pytest.raises(rt.RunError, match="another run created .*job meanwhile"):
-        rt.open_logs(late, dict(batch_size=10), None)
+        rt.open_run(late, dict(batch_size=10), None)
 
 
 @pytest.mark.parametrize("name", ["", ".", "..", ".hidden"])
@@ -302,7 +303,7 @@ def test_a_finished_run_relaunched_stops_before_any_log(tmp_path, clean_launch):
     _, ckpt = rt.resume(again, again.args)
     files = sorted(os.listdir(run.run_dir))
     with pytest.raises(rt.RunError, match=r"has finished: its checkpoint is at global step 20, and --total-timesteps"):
-        rt.open_logs(again, dict(batch_size=10, num_iterations=2), ckpt)
+        rt.open_run(again, dict(batch_size=10, num_iterations=2), ckpt)
     assert sorted(os.listdir(run.run_dir)) == files
 
 
@@ -330,7 +331,7 @@ def test_an_error_exit_still_closes_the_writer_and_wandb(tmp_path, clean_launch)
             with rt.exit_codes("demo"):
                 run = one_rank(runs_dir=str(tmp_path), run_name="failing", track=True)
                 rt.resume(run, run.args)
-                rt.open_logs(run, dict(batch_size=10), None)
+                rt.open_run(run, dict(batch_size=10), None)
                 rt.log(run, 10, {"losses/x": 0.5}, (0.0, 0, 0))
                 raise RuntimeError("a bug")
         finally:

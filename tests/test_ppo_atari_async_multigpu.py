@@ -12,6 +12,7 @@ from helpers import launch, only_run_dir, read_scalars
 
 import cleanrl_ddp.ppo_atari_async_multigpu as async_script
 import cleanrl_ddp.ppo_atari_multigpu as sync_script
+from cleanrl_ddp import checkpoint
 from cleanrl_ddp import runtime as rt
 
 SCRIPT = "ppo_atari_async_multigpu.py"
@@ -109,7 +110,7 @@ def test_two_ranks_train_in_sync_and_checkpoint(tmp_path):
     assert [s for s, _ in scalars["losses/value_loss"]] == [batch, 2 * batch]
     assert all(v == 2 for _, v in scalars["charts/updates_per_iteration"])
     assert all(np.isfinite(v) for _, v in scalars["losses/policy_loss"] + scalars["perf/rollout_seconds"])
-    ckpt = rt.load_checkpoint(str(run_dir), "ppo_atari_async_multigpu", ("agent", "optimizer", "agent_kwargs"))
+    ckpt = checkpoint.load_checkpoint(str(run_dir), "ppo_atari_async_multigpu", ("agent", "optimizer", "agent_kwargs"))
     assert (ckpt["iteration"], ckpt["global_step"], ckpt["world_size"]) == (iterations, 2 * batch, nproc)
     assert ckpt["sizes"]["num_envs"] == nproc * local_envs
     agent = async_script.load_agent(ckpt, torch.device("cpu"))

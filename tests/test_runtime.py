@@ -1,5 +1,6 @@
-"""Unit tests of the run module, cleanrl_ddp/runtime.py: in-process and fast (no torchrun), except the
-exit-code tests, which need a process of their own. Whole-script runs elsewhere check each behaviour once."""
+"""Unit tests of the run module, cleanrl_ddp/runtime.py, and of the modules beside it (launch.py, checkpoint.py,
+env_state.py): in-process and fast (no torchrun), except the exit-code tests, which need a process of their own.
+Whole-script runs elsewhere check each behaviour once."""
 
 import ast
 import os
@@ -16,6 +17,7 @@ import torch
 import torch.distributed as dist
 from helpers import REPO, read_scalars, wait_until
 
+from cleanrl_ddp import checkpoint, env_state, launch
 from cleanrl_ddp import runtime as rt
 
 SCRIPTS = [
@@ -58,7 +60,10 @@ def launch_env(monkeypatch):
 
 
 def test_every_script_goes_through_the_module():
-    """Each script imports the run module and keeps no copy of its plumbing."""
+    """Each script imports the run module and keeps no copy of its plumbing; every `rt.X` is defined in runtime.py."""
+    runtime = ast.parse((REPO / "cleanrl_ddp" / "runtime.py").read_text()).body
+    runtime_names = {n.name for n in runtime if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    runtime_names |= {t.id for n in runtime if isinstance(n, ast.Assign) for t in n.targets}
     plumbing = {"atomic_save", "load_checkpoint", "read_launch_env", "launch_id", "check_elastic_restarts"}
     plumbing |= {"rng_states", "set_rng_states", "state_checksum", "check_replicas_in_sync", "lost_rank_message"}
     plumbing |= {"log_video", "steps_crossed", "RunError"}
@@ -72,22 +77,24 @@ def test_every_script_goes_through_the_module():
         assert [b.attr for b in args.bases] == ["RunArgs"], script
         names = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
         assert {"make_eval_envs", "load_agent", "evaluate", "derive_sizes", "main"} <= names, script
+        used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and getattr(n.value, "id", "") == "rt"}
+        assert used <= runtime_names, f"{script}: rt.{sorted(used - runtime_names)} not defined in runtime.py itself"
 
 
 def test_read_launch_env_torchrun_slurm_and_plain(launch_env):
-    assert rt.read_launch_env() == (0, 0, 1, 1)
+    assert launch.read_launch_env() == (0, 0, 1, 1)
     launch_env.setenv("SLURM_NTASKS", "16")
     launch_env.setenv("SLURM_PROCID", "9")
     launch_env.setenv("SLURM_LOCALID", "1")
     launch_env.setenv("SLURM_NTASKS_PER_NODE", "8(x2)")
     with pytest.raises(rt.RunError, match="under srun, export MASTER_ADDR"):
-        rt.read_launch_env()
+        launch.read_launch_env()
     launch_env.setenv("MASTER_ADDR", "127.0.0.1")
     launch_env.setenv("MASTER_PORT", "29500")
-    assert rt.read_launch_env() == (9, 1, 16, 8)  # the GLOBAL rank, not the node-local one
+    assert launch.read_launch_env() == (9, 1, 16, 8)  # the GLOBAL rank, not the node-local one
     for var, value in dict(RANK="3", WORLD_SIZE="4", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2").items():
         launch_env.setenv(var, value)
-    assert rt.read_launch_env() == (3, 1, 4, 2)  # torchrun's variables win
+    assert launch.read_launch_env() == (3, 1, 4, 2)  # torchrun's variables win
 
 
 @pytest.mark.parametrize(
@@ -101,25 +108,25 @@ def test_srun_without_ntasks_per_node_reads_the_steps_layout(launch_env, layout,
     launch_env.setenv("MASTER_ADDR", "127.0.0.1")
     launch_env.setenv("MASTER_PORT", "29500")
     launch_env.setenv("SLURM_STEP_TASKS_PER_NODE", layout)
-    assert rt.read_launch_env() == (6, 0, 7, tasks)
+    assert launch.read_launch_env() == (6, 0, 7, tasks)
     launch_env.delenv("SLURM_STEP_TASKS_PER_NODE")
     launch_env.setenv("SLURM_TASKS_PER_NODE", layout)  # the job's layout, where a step's is not set
-    assert rt.read_launch_env() == (6, 0, 7, tasks)
+    assert launch.read_launch_env() == (6, 0, 7, tasks)
 
 
 def test_threads_per_rank(launch_env):
     """OMP_NUM_THREADS wins; a task that srun bound to CPUs of its own uses them all; else the cores are shared."""
-    assert rt.threads_per_rank({}, 2, 8) == (4, "8 core(s) / 2 rank(s)")
-    assert rt.threads_per_rank({}, 16, 8)[0] == 1
-    assert rt.threads_per_rank({"OMP_NUM_THREADS": "3"}, 2, 8) == (3, "OMP_NUM_THREADS")
-    assert rt.threads_per_rank({"OMP_NUM_THREADS": "3,1"}, 2, 8)[0] == 3  # OpenMP's nested form
+    assert launch.threads_per_rank({}, 2, 8) == (4, "8 core(s) / 2 rank(s)")
+    assert launch.threads_per_rank({}, 16, 8)[0] == 1
+    assert launch.threads_per_rank({"OMP_NUM_THREADS": "3"}, 2, 8) == (3, "OMP_NUM_THREADS")
+    assert launch.threads_per_rank({"OMP_NUM_THREADS": "3,1"}, 2, 8)[0] == 3  # OpenMP's nested form
     bound = {"SLURM_CPU_BIND_TYPE": "mask_cpu:", "SLURM_PROCID": "1"}  # srun with task/affinity
-    assert rt.threads_per_rank(bound, 2, 8) == (8, "srun bound it to 8 core(s)")
-    assert rt.threads_per_rank({**bound, "SLURM_CPU_BIND_TYPE": "none"}, 2, 8)[0] == 4  # --cpu-bind=none
-    assert rt.threads_per_rank({**bound, "LOCAL_WORLD_SIZE": "2"}, 2, 8)[0] == 4  # torchrun inside an srun task
+    assert launch.threads_per_rank(bound, 2, 8) == (8, "srun bound it to 8 core(s)")
+    assert launch.threads_per_rank({**bound, "SLURM_CPU_BIND_TYPE": "none"}, 2, 8)[0] == 4  # --cpu-bind=none
+    assert launch.threads_per_rank({**bound, "LOCAL_WORLD_SIZE": "2"}, 2, 8)[0] == 4  # torchrun inside an srun task
     for value in ("0", "four", "-1"):
         with pytest.raises(rt.RunError, match=f"OMP_NUM_THREADS must be a positive integer, got '{value}'"):
-            rt.threads_per_rank({"OMP_NUM_THREADS": value}, 2, 8)
+            launch.threads_per_rank({"OMP_NUM_THREADS": value}, 2, 8)
 
 
 @pytest.mark.parametrize("user_set_it", [True, False])
@@ -131,7 +138,7 @@ def test_torchruns_own_omp_num_threads_is_not_the_users(user_set_it):
     try:
         wait_until(lambda: Path(f"/proc/{agent.pid}/cmdline").read_bytes().startswith(b"bash"), 30)  # exec'd
         worker_env = {"TORCHELASTIC_RUN_ID": "job", "LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "1"}
-        assert rt.user_omp_threads(worker_env, agent.pid) == (1 if user_set_it else None)
+        assert launch.user_omp_threads(worker_env, agent.pid) == (1 if user_set_it else None)
     finally:
         agent.kill()
         agent.wait()
@@ -156,39 +163,39 @@ def test_usable_cores_reads_the_cgroup_cpu_quota(tmp_path, cgroup, files, cores)
         (tmp_path / "fs" / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "fs" / name).write_text(text + "\n")
     expected = cores or len(os.sched_getaffinity(0))  # no quota: the affinity
-    assert rt.usable_cores(str(tmp_path / "cgroup"), str(tmp_path / "fs")) == expected
+    assert launch.usable_cores(str(tmp_path / "cgroup"), str(tmp_path / "fs")) == expected
 
 
 def test_launch_id_survives_restarts_and_requeues(launch_env):
-    launch_env.setattr(rt.time, "time", lambda: 1700000000.5)  # two launches in the same second still differ
-    first, second = rt.launch_id(), rt.launch_id()
+    launch_env.setattr(launch.time, "time", lambda: 1700000000.5)  # two launches in the same second still differ
+    first, second = launch.launch_id(), launch.launch_id()
     assert first.startswith("1700000000-") and second.startswith("1700000000-") and first != second
     launch_env.setenv("SLURM_JOB_ID", "77")
-    assert rt.launch_id() == "slurm77"  # a batch script's own step
+    assert launch.launch_id() == "slurm77"  # a batch script's own step
     launch_env.setenv("SLURM_STEP_ID", "3")  # srun: the runs of one allocation differ by step
-    assert rt.launch_id() == "slurm77.3"
+    assert launch.launch_id() == "slurm77.3"
     launch_env.setenv("TORCHELASTIC_RUN_ID", "job-5")
-    assert rt.launch_id() == "job-5"
+    assert launch.launch_id() == "job-5"
 
 
 def test_elastic_restart_guard(launch_env):
-    rt.check_elastic_restarts(None)  # no --max-restarts: nothing to check
+    launch.check_elastic_restarts(None)  # no --max-restarts: nothing to check
     launch_env.setenv("TORCHELASTIC_MAX_RESTARTS", "1")
     launch_env.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
     with pytest.raises(rt.RunError, match="TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"):
-        rt.check_elastic_restarts("named")
+        launch.check_elastic_restarts("named")
     launch_env.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")
     with pytest.raises(rt.RunError, match="--rdzv-id"):
-        rt.check_elastic_restarts(None)
-    rt.check_elastic_restarts("named")
+        launch.check_elastic_restarts(None)
+    launch.check_elastic_restarts("named")
     launch_env.setenv("TORCHELASTIC_RUN_ID", "job-5")
-    rt.check_elastic_restarts(None)
+    launch.check_elastic_restarts(None)
     launch_env.setenv("TORCHELASTIC_MAX_RESTARTS", "0")  # an elastic job restarts its workers all the same
     launch_env.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
-    rt.check_elastic_restarts(None)
-    launch_env.setattr(rt, "torchrun_nnodes", lambda: "1:2")
+    launch.check_elastic_restarts(None)
+    launch_env.setattr(launch, "torchrun_nnodes", lambda: "1:2")
     with pytest.raises(rt.RunError, match=r"^torchrun --nnodes=MIN:MAX needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"):
-        rt.check_elastic_restarts(None)
+        launch.check_elastic_restarts(None)
 
 
 @pytest.mark.parametrize("agent_args", [["--nnodes=1:2"], ["--nnodes", "1:2"], ["--standalone"]])
@@ -197,7 +204,7 @@ def test_torchrun_nnodes_is_read_from_the_agents_command_line(launch_env, agent_
     agent = subprocess.Popen(["bash", "-c", "sleep 60; true", *agent_args])  # plays the agent, its flags unread
     try:
         wait_until(lambda: Path(f"/proc/{agent.pid}/cmdline").read_bytes().startswith(b"bash"), 30)  # exec'd
-        assert rt.torchrun_nnodes(agent.pid) == ("" if agent_args == ["--standalone"] else "1:2")
+        assert launch.torchrun_nnodes(agent.pid) == ("" if agent_args == ["--standalone"] else "1:2")
     finally:
         agent.kill()
         agent.wait()
@@ -219,15 +226,15 @@ def test_run_flags_are_checked(flags, message):
 
 
 def test_device_and_backend_are_values(monkeypatch):
-    assert rt.choose_device(False, None, 0, 2, False) == (torch.device("cpu"), "gloo")
+    assert launch.choose_device(False, None, 0, 2, False) == (torch.device("cpu"), "gloo")
     with pytest.raises(rt.RunError, match="--backend nccl needs CUDA"):
-        rt.choose_device(False, "nccl", 0, 1, False)
+        launch.choose_device(False, "nccl", 0, 1, False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # one GPU, two ranks on the node
     with pytest.raises(rt.RunError, match="NCCL cannot put two ranks on one GPU .*--backend gloo"):
-        rt.choose_device(True, None, 1, 2, False)
-    assert rt.choose_device(True, "gloo", 1, 2, False) == (torch.device("cuda", 0), "gloo")  # gloo shares the GPU
-    assert rt.choose_device(True, None, 1, 2, True) == (torch.device("cuda", 0), "nccl")  # --share-gpus (srun)
-    assert rt.choose_device(True, None, 0, 1, False) == (torch.device("cuda", 0), "nccl")
+        launch.choose_device(True, None, 1, 2, False)
+    assert launch.choose_device(True, "gloo", 1, 2, False) == (torch.device("cuda", 0), "gloo")  # gloo shares the GPU
+    assert launch.choose_device(True, None, 1, 2, True) == (torch.device("cuda", 0), "nccl")  # --share-gpus (srun)
+    assert launch.choose_device(True, None, 0, 1, False) == (torch.device("cuda", 0), "nccl")
     run = single_run(Path("."))
     assert not run.pin
     run.device = torch.device("cuda", 0)
@@ -236,7 +243,7 @@ def test_device_and_backend_are_values(monkeypatch):
 
 def test_atomic_save_keeps_the_old_file_when_a_write_fails(tmp_path, monkeypatch):
     path = tmp_path / "checkpoint.pt"
-    rt.atomic_save({"x": torch.arange(3)}, str(path))
+    checkpoint.atomic_save({"x": torch.arange(3)}, str(path))
     before = path.read_bytes()
 
     def full_disk(fd):
@@ -244,29 +251,29 @@ def test_atomic_save_keeps_the_old_file_when_a_write_fails(tmp_path, monkeypatch
 
     monkeypatch.setattr(os, "fsync", full_disk)
     with pytest.raises(OSError):
-        rt.atomic_save({"x": torch.arange(1000)}, str(path))
+        checkpoint.atomic_save({"x": torch.arange(1000)}, str(path))
     assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]
 
 
 def test_load_checkpoint_names_what_is_wrong(tmp_path):
     path = tmp_path / "checkpoint.pt"
     with pytest.raises(rt.RunError, match="no checkpoint at"):
-        rt.load_checkpoint(str(tmp_path), "ppo_multigpu")
+        checkpoint.load_checkpoint(str(tmp_path), "ppo_multigpu")
     path.write_bytes(b"PK\x03\x04 torn")
     with pytest.raises(rt.RunError, match="truncated or corrupt"):
-        rt.load_checkpoint(str(path), "ppo_multigpu")
+        checkpoint.load_checkpoint(str(path), "ppo_multigpu")
     torch.save({"script": "dqn_atari_multigpu"}, path)
     with pytest.raises(rt.RunError, match="written by 'dqn_atari_multigpu', not ppo_multigpu"):
-        rt.load_checkpoint(str(tmp_path), "ppo_multigpu")
+        checkpoint.load_checkpoint(str(tmp_path), "ppo_multigpu")
     torch.save({"script": "ppo_multigpu", "args": {}}, path)
     with pytest.raises(rt.RunError, match="lacks agent, global_step, iteration, rank_state, rng, sizes, world_size"):
-        rt.load_checkpoint(str(path), "ppo_multigpu", required=("agent",))
+        checkpoint.load_checkpoint(str(path), "ppo_multigpu", required=("agent",))
 
 
 def test_rng_states_round_trip():
-    states = rt.rng_states(torch.device("cpu"))
+    states = checkpoint.rng_states(torch.device("cpu"))
     first = (random.random(), np.random.rand(), torch.rand(1).item())
-    rt.set_rng_states(states, torch.device("cpu"))
+    checkpoint.set_rng_states(states, torch.device("cpu"))
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == first
 
 
@@ -349,7 +356,7 @@ def test_resume_handshake_then_logs_and_checkpoint(tmp_path, monkeypatch):
     args, ckpt = rt.resume(run, run.args)
     assert ckpt is None and not os.path.exists(run.run_dir)  # nothing written before the checks pass
     assert os.path.dirname(run.run_dir) == str(tmp_path) and os.path.basename(run.run_dir).startswith("ALE-Pong-v5__")
-    rt.open_logs(run, dict(batch_size=10, num_iterations=100), None)
+    rt.open_run(run, dict(batch_size=10, num_iterations=100), None)
     rt.log(run, 10, {"losses/x": 0.5}, (6.0, 40, 2))
     rt.log(run, 20, {"losses/x": 0.25}, (0.0, 0, 0))
     rt.save_checkpoint(run, 2, 20, rank_state=b"envs", agent={"w": torch.ones(2)})
@@ -364,7 +371,7 @@ def test_resume_handshake_then_logs_and_checkpoint(tmp_path, monkeypatch):
     assert ckpt["rank_state"] == [b"envs"] and ckpt["iteration"] == 2 and len(ckpt["rng"]) == 1
     assert args.total_timesteps == 2000 and args.env_id == "ALE/Pong-v5" and again.run_dir == run.run_dir
     with pytest.raises(rt.RunError, match="the checkpoint's batch_size is 10, not 20: keep its sizes"):
-        rt.open_logs(again, dict(batch_size=20, num_iterations=100), ckpt)  # e.g. another --local-num-envs
+        rt.open_run(again, dict(batch_size=20, num_iterations=100), ckpt)  # e.g. another --local-num-envs
 
 
 def test_per_rank_flags_keep_the_global_sizes():
@@ -390,18 +397,20 @@ def test_rank_share_hands_every_env_on_in_global_order(world_size):
         (["env2", "env3"], torch.tensor([2.0, 3.0]), np.array([12, 13])),
     ]
     ckpt = dict(world_size=2, rank_state=saved)
-    shares = [rt.rank_share(SimpleNamespace(rank=r, world_size=world_size), ckpt) for r in range(world_size)]
+    shares = [env_state.split_for_rank(SimpleNamespace(rank=r, world_size=world_size), ckpt) for r in range(world_size)]
     assert [env for share in shares for env in share[0]] == ["env0", "env1", "env2", "env3"]
     assert torch.equal(torch.cat([share[1] for share in shares]), torch.arange(4.0))
     assert np.concatenate([share[2] for share in shares]).tolist() == [10, 11, 12, 13]
     assert all(len(share[0]) == len(share[1]) == len(share[2]) == 4 // world_size for share in shares)
-    assert rt.rank_share(SimpleNamespace(rank=0, world_size=world_size), dict(rank_state=[None, None])) is None
+    assert (
+        env_state.split_for_rank(SimpleNamespace(rank=0, world_size=world_size), dict(rank_state=[None, None])) is None
+    )
 
 
 def test_resume_rng_continues_the_streams_or_seeds_them_from_seed_rank_and_iteration():
     cpu = torch.device("cpu")
     rt.seed_everything(5)
-    saved = [rt.rng_states(cpu), rt.rng_states(cpu)]
+    saved = [checkpoint.rng_states(cpu), checkpoint.rng_states(cpu)]
     draws = lambda: (random.random(), np.random.rand(), torch.rand(1).item())  # noqa: E731
     expected = draws()
     ckpt = dict(world_size=2, iteration=7, rng=saved)
@@ -422,7 +431,7 @@ def test_resume_at_another_world_size_derives_the_per_rank_flags_again(tmp_path,
     args = asdict(Args(runs_dir=str(tmp_path), local_num_envs=4))
     ckpt = dict(script="ppo_multigpu", args=args, sizes=dict(num_envs=8, batch_size=64), world_size=2)
     ckpt |= dict(iteration=3, global_step=192, rng=[None, None], rank_state=[None, None])
-    rt.atomic_save(ckpt, str(tmp_path / "checkpoint.pt"))
+    checkpoint.atomic_save(ckpt, str(tmp_path / "checkpoint.pt"))
     for argv, local_num_envs in ([], 8), (["--local-num-envs", "4"], 8), (["--local-num-envs", "8"], 8):
         monkeypatch.setattr(sys, "argv", ["script", *argv])
         resumed, _ = rt.resume(single_run(tmp_path), Args(resume=str(tmp_path)))
@@ -444,12 +453,12 @@ def test_wandb_continues_the_checkpoints_run(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["script"])
     run = single_run(tmp_path, track=True, run_name="tracked")
     rt.resume(run, run.args)
-    rt.open_logs(run, dict(batch_size=10), None)
+    rt.open_run(run, dict(batch_size=10), None)
     rt.save_checkpoint(run, 1, 10, None)
     rt.finish(run, 10, preempted=False)
     again = single_run(tmp_path, track=True, run_name="tracked")
     _, ckpt = rt.resume(again, again.args)  # the run directory holds a checkpoint: a restart of the same run
-    rt.open_logs(again, dict(batch_size=10), ckpt)
+    rt.open_run(again, dict(batch_size=10), ckpt)
     rt.finish(again, 10, preempted=False)
     assert [c["id"] for c in calls] == [None, "chosen"] and ckpt["wandb_run_id"] == "chosen"
     assert calls[1]["resume"] == "allow" and calls[1]["config"]["batch_size"] == 10
@@ -458,7 +467,7 @@ def test_wandb_continues_the_checkpoints_run(tmp_path, monkeypatch):
 def test_finish_after_a_preemption_exits_75(tmp_path):
     run = single_run(tmp_path)
     rt.resume(run, run.args)
-    rt.open_logs(run, dict(batch_size=10), None)
+    rt.open_run(run, dict(batch_size=10), None)
     with pytest.raises(SystemExit) as stopped:
         rt.finish(run, 30, preempted=True)
     assert stopped.value.code == rt.EXIT_PREEMPTED
