@@ -490,6 +490,8 @@ def all_reduce_gradients_flat(params, world_size: int) -> None:
 
     After cswinter's batched scheme (entity-neural-network/incubator#220), used by CleanRL.
     """
+    if world_size == 1:
+        return
     grads = [p.grad for p in params]
     flat = torch.cat([g.reshape(-1) for g in grads])
     dist.all_reduce(flat)

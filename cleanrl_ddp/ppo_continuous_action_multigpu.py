@@ -129,29 +129,6 @@ def make_env(env_id: str, render_mode: Optional[str] = None):
     return thunk
 
 
-def check_env(env_id: str) -> None:
-    """Raise RunError unless `env_id` names a registered env with a Box action and observation space."""
-    try:
-        env = make_env(env_id)()
-    except gym.error.DependencyNotInstalled as e:
-        raise rt.RunError(f"--env-id {env_id} needs a missing package ({e}); try: pip install -e '.[mujoco]'") from None
-    except Exception as e:  # gymnasium raises several error types for unknown or broken ids
-        raise rt.RunError(
-            f"unknown --env-id {env_id!r} ({type(e).__name__}); try HalfCheetah-v5, Hopper-v5 or InvertedPendulum-v5"
-        ) from None
-    spaces = env.action_space, env.observation_space
-    env.close()
-    if not isinstance(spaces[0], gym.spaces.Box):
-        raise rt.RunError(
-            f"--env-id {env_id} has a {type(spaces[0]).__name__} action space; this script needs a Box one "
-            "(use ppo_multigpu.py for discrete actions)"
-        )
-    if not isinstance(spaces[1], gym.spaces.Box):
-        raise rt.RunError(
-            f"--env-id {env_id} has a {type(spaces[1]).__name__} observation space; this script needs Box"
-        )
-
-
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
@@ -194,7 +171,12 @@ def main() -> None:
     run = rt.start(args, SCRIPT, use_cuda=args.cuda and torch.cuda.is_available())
     args, ckpt = rt.resume(run, args, required=("agent", "optimizer", "agent_kwargs", "obs_stats", "return_stats"))
     rank, world_size, device = run.rank, run.world_size, run.device
-    check_env(args.env_id)
+    rt.check_env(
+        args.env_id,
+        make_env,
+        gym.spaces.Box,
+        hint="try HalfCheetah-v5, Hopper-v5 or InvertedPendulum-v5; ppo_multigpu.py for discrete actions",
+    )
     sizes = derive_sizes(args, world_size)
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = ckpt["global_step"] if ckpt else 0
@@ -491,6 +473,8 @@ def all_reduce_gradients_flat(params, world_size: int) -> None:
 
     After cswinter's batched scheme (entity-neural-network/incubator#220), used by CleanRL.
     """
+    if world_size == 1:
+        return
     grads = [p.grad for p in params]
     flat = torch.cat([g.reshape(-1) for g in grads])
     dist.all_reduce(flat)

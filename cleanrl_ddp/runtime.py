@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field, fields
 from datetime import timedelta
 from typing import Any, Literal, Optional
 
+import gymnasium as gym
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -202,6 +203,26 @@ def interrupt(run: Run) -> None:
             file=sys.stderr,
             flush=True,
         )
+
+
+def check_env(env_id: str, make_env, action_space: type, hint: str) -> None:
+    """Raise RunError unless `make_env(env_id)()` makes an env with a Box observation space and an `action_space`.
+
+    One line for an unknown id, a missing package or another space; `hint` (ids to try, the script for the
+    other action space) ends the lines that need one. Called before anything is built.
+    """
+    try:
+        env = make_env(env_id)()
+    except gym.error.DependencyNotInstalled as e:
+        raise RunError(f"--env-id {env_id} needs a missing package ({e}); try: pip install -e '.[mujoco]'") from None
+    except Exception as e:  # gymnasium raises several error types for unknown or broken ids
+        raise RunError(f"unknown --env-id {env_id!r} ({type(e).__name__}); {hint}") from None
+    spaces = dict(observation=(env.observation_space, gym.spaces.Box), action=(env.action_space, action_space))
+    env.close()
+    for what, (space, wanted) in spaces.items():  # FrozenLake's Discrete, Blackjack's Tuple: not a vector
+        if not isinstance(space, wanted):
+            found = f"has a {type(space).__name__} {what} space"
+            raise RunError(f"--env-id {env_id} {found}; this script needs a {wanted.__name__} one ({hint})")
 
 
 # ------------------------------------------------------------------------------------------ run directory and resume

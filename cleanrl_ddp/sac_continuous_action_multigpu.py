@@ -186,7 +186,7 @@ def main() -> None:
     sac_state = ("actor", "qf", "qf_target", "actor_optimizer", "q_optimizer", "a_optimizer", "log_alpha")
     args, ckpt = rt.resume(run, args, required=(*sac_state, "agent_kwargs", "num_updates", "num_actor_updates"))
     rank, world_size, device = run.rank, run.world_size, run.device
-    check_env(args.env_id)
+    rt.check_env(args.env_id, make_env, gym.spaces.Box, hint="try Hopper-v5, HalfCheetah-v5 or Pendulum-v1")
     sizes = derive_sizes(args, world_size)
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = ckpt["global_step"] if ckpt else 0
@@ -452,25 +452,6 @@ def all_reduce_gradients_flat(params, world_size: int) -> None:
     for g in grads:
         g.copy_(flat[offset : offset + g.numel()].view_as(g))
         offset += g.numel()
-
-
-# A bad --env-id ends the run with one line, before anything is built
-def check_env(env_id: str) -> None:
-    """Raise RunError unless `env_id` names a registered env with a Box action and observation space."""
-    try:
-        env = make_env(env_id)()
-    except gym.error.DependencyNotInstalled as e:
-        raise rt.RunError(f"--env-id {env_id} needs a missing package ({e}); try: pip install -e '.[mujoco]'") from None
-    except Exception as e:  # gymnasium raises several error types for unknown or broken ids
-        raise rt.RunError(
-            f"unknown --env-id {env_id!r} ({type(e).__name__}); try Hopper-v5, HalfCheetah-v5 or Pendulum-v1"
-        ) from None
-    spaces = env.action_space, env.observation_space
-    env.close()
-    for what, space in zip(("action", "observation"), spaces, strict=True):
-        if not isinstance(space, gym.spaces.Box):
-            kind = type(space).__name__
-            raise rt.RunError(f"--env-id {env_id} has a {kind} {what} space; this script needs a Box one")
 
 
 # Evaluation on rank 0, in envs of its own: the interface every script offers (cleanrl_ddp/evaluate.py uses it)

@@ -1,5 +1,6 @@
 """The repository's own promises: lint, the README's test command is CI's, every flag has help."""
 
+import ast
 import os
 import re
 import subprocess
@@ -43,3 +44,17 @@ def test_every_flag_has_a_one_line_help(script):
         text = re.sub(r"\(default: [^)]*\)", "", entry)
         text = " ".join(w for w in text.split() if not w.startswith("--") and not w.isupper() and "{" not in w)
         assert len(re.findall(r"[a-z]{2,}", text)) >= 2, f"{flag} has no help text: {entry!r}"
+
+
+def test_the_flat_all_reduce_is_the_same_in_every_script():
+    """Each script keeps its own copy (it is part of the algorithm a reader copies), byte for byte the same."""
+    copies = {}
+    for script in ALGO_SCRIPTS:
+        source = (SCRIPTS / script).read_text()
+        tree = ast.parse(source)
+        found = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "all_reduce_gradients_flat"]
+        if found:
+            copies[script] = ast.get_source_segment(source, found[0])
+    assert len(copies) == len(ALGO_SCRIPTS), sorted(set(ALGO_SCRIPTS) - set(copies))
+    reference = copies["ppo_multigpu.py"]
+    assert [s for s, copy in copies.items() if copy != reference] == []

@@ -512,3 +512,16 @@ def test_exit_codes_one_line_each(tmp_path, monkeypatch, body, code, line):
     lines = stderr.read_text().strip().splitlines()
     assert os.waitstatus_to_exitcode(status) == code, lines
     assert lines == ([] if line is None else lines[:1]) and (line is None or lines[0].startswith(line)), lines
+
+
+def test_check_env_names_the_space_and_ends_with_the_hint():
+    import gymnasium as gym
+
+    def make_env(env_id):
+        return lambda: gym.make(env_id)
+
+    rt.check_env("CartPole-v1", make_env, gym.spaces.Discrete, hint="try X")
+    with pytest.raises(rt.RunError, match=r"CartPole-v1 has a Discrete action space; this script needs a Box one \(t"):
+        rt.check_env("CartPole-v1", make_env, gym.spaces.Box, hint="try X")
+    with pytest.raises(rt.RunError, match=r"^unknown --env-id 'NoSuchEnv-v0' \(\w+\); try X$"):
+        rt.check_env("NoSuchEnv-v0", make_env, gym.spaces.Box, hint="try X")
