@@ -1,12 +1,15 @@
 """The launcher's side of a run, which no script calls: who this process is (torchrun's or SLURM's
-variables), the id of the launch, the elastic-restart checks, the device and the threads per rank.
+variables), the id of the launch, preemption signals, the elastic-restart checks, the device and the threads.
 
-`runtime.start` calls these once; habitat-lab keeps the same helpers in its `ddp_utils.py`.
-docs/runtime.md#launch describes them.
+`runtime.start` and `runtime.resume` call these; habitat-lab keeps such helpers in its `ddp_utils.py`.
 """
 
+import glob
 import os
+import re
 import secrets
+import signal
+import sys
 import time
 from typing import Optional
 
@@ -49,9 +52,8 @@ def launch_id() -> str:
     """An id that names this launch and survives torchrun elastic restarts and SLURM requeues.
 
     torchrun's run id; else the SLURM job and step (`slurm<JOB_ID>.<STEP_ID>`: the runs of one allocation
-    differ by step, a requeued job counts its steps from 0 again); else a time stamp with a random suffix,
-    so that two launches in the same second differ. Rank 0 calls it and broadcasts the run directory, so
-    every rank of a launch agrees.
+    differ by step, a requeued job counts its steps from 0 again); else a random id, so that two launches
+    in the same second differ. Rank 0 calls it and broadcasts the run directory, so every rank agrees.
     """
     run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
     if run_id not in ("", "none"):
@@ -59,7 +61,43 @@ def launch_id() -> str:
     if "SLURM_JOB_ID" in os.environ:
         step = os.environ.get("SLURM_STEP_ID", "")
         return f"slurm{os.environ['SLURM_JOB_ID']}" + (f".{step}" if step else "")
-    return f"{int(time.time())}-{secrets.token_hex(3)}"
+    return secrets.token_hex(4)
+
+
+def default_run_name(runs_dir: str, prefix: str) -> str:
+    """`{UTC start}__{prefix}__{launch id}`, so that `ls runs/` lists runs by start time; a restart of this launch
+    (torchrun's elastic restarts, a requeued SLURM job: the same launch id) gets the name its first attempt made."""
+    tag = re.sub(r"[^\w.-]", "-", launch_id())
+    tag = tag[:8] if re.fullmatch(r"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", tag) else tag  # a rendezvous UUID
+    name = f"{prefix}__{tag}".replace("/", "-")  # ALE/Pong-v5: one directory, not a nested one
+    stamp = "[0-9]" * 8 + "T" + "[0-9]" * 6 + "Z"
+    earlier = sorted(glob.glob(os.path.join(glob.escape(runs_dir), f"{stamp}__{glob.escape(name)}")))
+    start = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time()))
+    return os.path.basename(earlier[0]) if earlier else f"{start}__{name}"
+
+
+# ---------------------------------------------------------------------------------------------- preemption signals
+def catch_signals(run) -> None:
+    """SIGTERM/SIGUSR1 and a first Ctrl-C only record the signal in `run.signals`: all ranks vote and stop together
+    (`runtime.preempted`). A second Ctrl-C stops at once (`interrupt`)."""
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, lambda signum, frame: run.signals.append(signum))
+    signal.signal(signal.SIGINT, lambda signum, frame: interrupt(run))
+
+
+def interrupt(run) -> None:
+    """Ctrl-C (SIGINT): the first one is a preemption (a checkpoint at the end of the iteration, exit 75);
+    a second one raises KeyboardInterrupt, which `exit_codes` turns into an immediate exit 130."""
+    if signal.SIGINT in run.signals:
+        raise KeyboardInterrupt
+    run.signals.append(signal.SIGINT)
+    if run.is_main:
+        print(
+            f"\n{run.script}: interrupted: stopping with a checkpoint after this iteration "
+            "(Ctrl-C again to stop at once, losing the work since the last checkpoint)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 # ---------------------------------------------------------------------------------------------- elastic restarts

@@ -68,7 +68,7 @@ class RunArgs:
     runs_dir: str = "runs"
     """the directory that holds one sub-directory per run (TensorBoard events, checkpoint.pt, videos)"""
     run_name: Optional[str] = None
-    """the run's directory name; default `{env_id}__{exp_name}__{seed}__{launch id}`, stable across restarts"""
+    """the run's directory name; default `{UTC start}__{env_id}__{exp_name}__{seed}__{launch id}`, kept by restarts"""
     eval_every: int = 0
     """run evaluation episodes on rank 0 every N global steps (0 = never)"""
     eval_episodes: int = 10
@@ -164,11 +164,7 @@ def start(args: RunArgs, script: str, use_cuda: bool) -> Run:
     """Read the launcher, catch preemption signals, check the run flags, pick the device, join the process group."""
     rank, local_rank, world_size, local_world_size = launch.read_launch_env()
     run = Run(script, args, rank, local_rank, world_size, local_world_size, torch.device("cpu"), None)
-    # Preemption: SIGTERM/SIGUSR1 and a first Ctrl-C only record the signal; all ranks vote and stop together
-    # (`preempted`). A second Ctrl-C stops at once.
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(sig, lambda signum, frame: run.signals.append(signum))
-    signal.signal(signal.SIGINT, lambda signum, frame: interrupt(run))
+    launch.catch_signals(run)  # preemption: all ranks vote and stop together (`preempted`)
     check_run_flags(args)
     launch.check_elastic_restarts(args.run_name)
     run.device, run.backend = launch.choose_device(
@@ -188,21 +184,6 @@ def start(args: RunArgs, script: str, use_cuda: bool) -> Run:
         threads = f"{threads} thread(s) per rank ({why})"
         print(f"{script}: {ranks}, device {run.device}, {threads}, backend {backend}", flush=True)
     return run
-
-
-def interrupt(run: Run) -> None:
-    """Ctrl-C (SIGINT): the first one is a preemption (a checkpoint at the end of the iteration, exit 75);
-    a second one raises KeyboardInterrupt, which `exit_codes` turns into an immediate exit 130."""
-    if signal.SIGINT in run.signals:
-        raise KeyboardInterrupt
-    run.signals.append(signal.SIGINT)
-    if run.is_main:
-        print(
-            f"\n{run.script}: interrupted: stopping with a checkpoint after this iteration "
-            "(Ctrl-C again to stop at once, losing the work since the last checkpoint)",
-            file=sys.stderr,
-            flush=True,
-        )
 
 
 def check_env(env_id: str, make_env, action_space: type, hint: str) -> None:
@@ -267,11 +248,11 @@ def resume(run: Run, args: RunArgs, required: tuple = ()) -> tuple[Any, Optional
 
 
 def name_run_dir(args: RunArgs) -> str:
-    """The run directory this command names: `--run-name`, else `{env_id}__{exp_name}__{seed}__{launch id}`."""
+    """The run directory: `--run-name`, else `{UTC start}__{env_id}__{exp_name}__{seed}__{launch id}`."""
     run_name = args.run_name
     if run_name is None:
-        run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{launch.launch_id()}"
-    run_name = run_name.replace("/", "-")  # ALE/Pong-v5: one directory, not a nested one
+        run_name = launch.default_run_name(args.runs_dir, f"{args.env_id}__{args.exp_name}__{args.seed}")
+    run_name = run_name.replace("/", "-")
     check_run_name(run_name)
     return os.path.join(args.runs_dir, run_name)
 

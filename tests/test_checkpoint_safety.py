@@ -310,10 +310,10 @@ def test_a_finished_run_relaunched_stops_before_any_log(tmp_path, clean_launch):
 # ------------------------------------------------------------------------------------------ Ctrl-C and exits
 def test_second_ctrl_c_stops_at_once():
     run = one_rank()
-    rt.interrupt(run)
+    launcher.interrupt(run)
     assert run.signals == [signal.SIGINT]  # the first: a preemption vote, like SIGTERM
     with pytest.raises(KeyboardInterrupt):
-        rt.interrupt(run)
+        launcher.interrupt(run)
 
 
 def test_an_error_exit_still_closes_the_writer_and_wandb(tmp_path, clean_launch):

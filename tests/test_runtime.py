@@ -169,13 +169,38 @@ def test_usable_cores_reads_the_cgroup_cpu_quota(tmp_path, cgroup, files, cores)
 def test_launch_id_survives_restarts_and_requeues(launch_env):
     launch_env.setattr(launch.time, "time", lambda: 1700000000.5)  # two launches in the same second still differ
     first, second = launch.launch_id(), launch.launch_id()
-    assert first.startswith("1700000000-") and second.startswith("1700000000-") and first != second
+    assert first != second
     launch_env.setenv("SLURM_JOB_ID", "77")
     assert launch.launch_id() == "slurm77"  # a batch script's own step
     launch_env.setenv("SLURM_STEP_ID", "3")  # srun: the runs of one allocation differ by step
     assert launch.launch_id() == "slurm77.3"
     launch_env.setenv("TORCHELASTIC_RUN_ID", "job-5")
     assert launch.launch_id() == "job-5"
+
+
+def test_run_names_sort_by_start_time_and_a_restart_finds_its_own(launch_env, tmp_path):
+    """`ls runs/` lists runs by start time, whatever their env; a restart of one launch (the same torchrun run id or
+    SLURM job and step) continues in the directory its first attempt made, however much later it starts."""
+    clock = [1700000000.0]
+    launch_env.setattr(launch.time, "time", lambda: clock[0])
+    started = []
+    for env_id, run_id in [("Breakout", "b68db908-0c54-4be8-a5d5-05d8f3fed068"), ("ALE/Pong-v5", "slurm77.3")]:
+        launch_env.setenv("TORCHELASTIC_RUN_ID", run_id)
+        run = single_run(tmp_path, env_id=env_id)
+        rt.resume(run, run.args)
+        rt.open_run(run, dict(batch_size=10), None)
+        started.append(os.path.basename(run.run_dir))
+        clock[0] += 61
+    assert started == [
+        "20231114T221320Z__Breakout__test__1__b68db908",
+        "20231114T221421Z__ALE-Pong-v5__test__1__slurm77.3",
+    ]
+    assert sorted(os.listdir(tmp_path)) == started  # by start time, not by env id
+    clock[0] += 3600  # torchrun restarts the first launch's workers an hour later
+    launch_env.setenv("TORCHELASTIC_RUN_ID", "b68db908-0c54-4be8-a5d5-05d8f3fed068")
+    again = single_run(tmp_path, env_id="Breakout")
+    rt.resume(again, again.args)
+    assert os.path.basename(again.run_dir) == started[0] and not again.new_dir
 
 
 def test_elastic_restart_guard(launch_env):
@@ -355,7 +380,7 @@ def test_resume_handshake_then_logs_and_checkpoint(tmp_path, monkeypatch):
     run = single_run(tmp_path, track=False)
     args, ckpt = rt.resume(run, run.args)
     assert ckpt is None and not os.path.exists(run.run_dir)  # nothing written before the checks pass
-    assert os.path.dirname(run.run_dir) == str(tmp_path) and os.path.basename(run.run_dir).startswith("ALE-Pong-v5__")
+    assert os.path.dirname(run.run_dir) == str(tmp_path) and "Z__ALE-Pong-v5__" in run.run_dir
     rt.open_run(run, dict(batch_size=10, num_iterations=100), None)
     rt.log(run, 10, {"losses/x": 0.5}, (6.0, 40, 2))
     rt.log(run, 20, {"losses/x": 0.25}, (0.0, 0, 0))
