@@ -1,6 +1,6 @@
 """Evaluate a trained run: load its checkpoint with the script's own Agent and evaluation, print mean ± std.
 
-    python -m cleanrl_ddp.evaluate runs/CartPole-v1__ppo_multigpu__1__1700000000 --episodes 10
+    python -m cleanrl_ddp.evaluate runs/20261125T081500Z__CartPole-v1__ppo_multigpu__1__b68db908 --episodes 10
     python -m cleanrl_ddp.evaluate runs/.../checkpoint.pt --sample --capture-video
 
 The checkpoint is loaded as data only (no code in it runs; a file of the old pickled format is refused).

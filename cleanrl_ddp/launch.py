@@ -136,7 +136,7 @@ def check_elastic_restarts(run_name: Optional[str]) -> None:
             "(--standalone, or --rdzv-backend=c10d): otherwise restarted workers fail to connect (pytorch#135712)"
         )
     stable_id = os.environ.get("TORCHELASTIC_RUN_ID", "none") not in ("", "none") or "SLURM_JOB_ID" in os.environ
-    if not stable_id and run_name is None:  # launch_id() would be a time stamp: a restart starts a new run
+    if not stable_id and run_name is None:  # launch_id() would be random: a restart would start a new run
         raise rt.RunError(f"{what} needs a run name that survives restarts: pass --rdzv-id=JOB_ID")
 
 
