@@ -4,8 +4,8 @@ open the run, the loop's collectives and logging, checkpoints, finish, exit code
 Nothing here is about the algorithm. Plain functions and small dataclasses: a script calls them in one
 line where the thing happens, and nothing here calls back into the script. The algorithm and every
 data-parallel decision (sizes, seeds, the initial broadcast, DDP or the flat all-reduce, which
-metrics are reduced) stay in the scripts. What no script calls lives beside it: the launcher's variables,
-device and threads in launch.py, env state as data in env_state.py.
+metrics are reduced) stay in the scripts. What no script calls lives beside it: the launcher, signals, device
+and threads in launch.py, the checkpoint file in checkpoint.py, env state as data in env_state.py.
 
 Every script offers the same evaluation interface, which `cleanrl_ddp/evaluate.py` uses:
     make_eval_envs(args, num_envs, video_dir=None)  -> rank 0's separate evaluation envs
