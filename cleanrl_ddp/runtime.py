@@ -33,6 +33,8 @@ import torch
 import torch.distributed as dist
 import tyro
 
+from cleanrl_ddp import lease
+
 EXIT_BAD_INPUT = 2
 """exit code: invalid flags, environment, checkpoint or run directory, or a full disk (nothing was overwritten)"""
 EXIT_DIVERGED = 3
@@ -119,6 +121,7 @@ class Run:
     last_print: float = 0.0
     last_line: str = ""  # the newest progress line, not yet printed to a log file
     new_dir: bool = False  # `open_logs` creates the run directory, exclusively (a new run, not a restart)
+    launch: str = ""  # this launch's id (`launch_id`), set by `resume` on rank 0: the lease names it
 
     @property
     def is_main(self) -> bool:
@@ -651,9 +654,9 @@ def resume(run: Run, args: RunArgs, required: tuple = ()) -> tuple[Any, Optional
     outcome = None
     if run.is_main:
         try:
-            run_name = args.run_name
+            run_name, run.launch = args.run_name, launch_id()
             if run_name is None:
-                run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{launch_id()}"
+                run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{run.launch}"
             run_name = run_name.replace("/", "-")  # ALE/Pong-v5: one directory, not a nested one
             check_run_name(run_name)
             run_dir, source, new_dir, ckpt = os.path.join(args.runs_dir, run_name), args.resume, False, None
@@ -695,6 +698,8 @@ def resume(run: Run, args: RunArgs, required: tuple = ()) -> tuple[Any, Optional
                             f"changes the checkpoint's {total} {ckpt['sizes'][total]}; omit it (each rank gets {value})"
                         )
                     setattr(args, name, value)
+            if os.path.isdir(run_dir) and (held := lease.take(run_dir, run.launch)):  # before any file is touched
+                raise RunError(held)
             outcome = (run_dir, args, ckpt, new_dir)
         except RunError as e:
             outcome = e
@@ -896,8 +901,10 @@ def open_logs(run: Run, sizes: dict, ckpt: Optional[dict]) -> None:
         try:
             if run.new_dir:  # claimed exclusively: never into a directory another run created
                 os.makedirs(run.run_dir, exist_ok=True)  # (rank 0's evaluation recorder may have made it)
-                with open(os.path.join(run.run_dir, FLAGS_FILE), "x") as f:
-                    json.dump(dict(script=run.script, args=asdict(run.args)), f, indent=1)
+                error = lease.take(run.run_dir, run.launch)  # None, or the live run that holds it
+                if error is None:
+                    with open(os.path.join(run.run_dir, FLAGS_FILE), "x") as f:
+                        json.dump(dict(script=run.script, args=asdict(run.args)), f, indent=1)
             else:
                 probe = os.path.join(run.run_dir, f".write-test.{os.getpid()}")
                 open(probe, "w").close()
