@@ -131,9 +131,14 @@ def test_learns_cartpole_with_two_ranks(tmp_path):
     flags += ["--eval-every", 8192, "--eval-episodes", 10, "--target-return", 450]
     proc = launch(SCRIPT, [*flags, "--runs-dir", tmp_path], nproc=2, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    *_, (step, evaluated) = read_scalars(only_run_dir(tmp_path))["eval/episodic_return"]
+    scalars = read_scalars(only_run_dir(tmp_path))
+    *_, (step, evaluated) = scalars["eval/episodic_return"]
     assert evaluated >= 450 and f"reached --target-return 450.0 at global step {step};" in proc.stdout, proc.stdout
     assert step < 160_000  # stopped early: it learned, not merely ran out of budget
+    # the stop itself (tests/test_evaluation.py, for the Atari scripts): every rank stopped at the evaluation's
+    # iteration, after a final checkpoint
+    assert torch.load(only_run_dir(tmp_path) / "checkpoint.pt", weights_only=True)["global_step"] == step
+    assert max(s for s, _ in scalars["charts/SPS"]) == step  # no rank went on training
 
 
 def test_resume_takes_sizes_from_the_checkpoint(tmp_path):
