@@ -522,6 +522,11 @@ def test_the_lease_names_a_live_holder_and_passes_to_the_next_once_it_dies(tmp_p
         holder_text = f"host {socket.gethostname()}, pid {holder.pid}, launch L1"
         assert message.startswith(f"{tmp_path} is in use by a live run ({holder_text}): a second launch")
         assert message.endswith("(nothing was written)")
+        run = single_run(tmp_path / "runs")  # a new run that found the name free, as the holder claimed it
+        run.run_dir, run.new_dir = str(tmp_path), True
+        with pytest.raises(rt.RunError, match=f"is in use by a live run \\(host .*, pid {holder.pid}, launch L1\\)"):
+            rt.open_logs(run, dict(batch_size=10), None)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["lease"]  # no flags.json, no event file
     finally:
         holder.kill()
         holder.wait()
