@@ -78,6 +78,9 @@ def choose_device(name: str) -> torch.device:
         raise EvalError(f"--device {name}: CUDA is not available here; use --device cpu")
     if device.type not in ("cpu", "cuda"):
         raise EvalError(f"--device {name}: this tool runs on cpu or cuda")
+    gpus = torch.cuda.device_count() if device.type == "cuda" else 0
+    if device.type == "cuda" and (device.index or 0) >= gpus:  # else "invalid device ordinal", deep in a traceback
+        raise EvalError(f"--device {name}: this machine has {gpus} GPU(s), cuda:0 to cuda:{gpus - 1}")
     return device
 
 

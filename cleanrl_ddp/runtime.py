@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 import tyro
 
-from cleanrl_ddp import checkpoint, launch
+from cleanrl_ddp import checkpoint, launch, lease
 
 # ---------------------------------------------------------------------------------------------- exit codes
 EXIT_BAD_INPUT = 2
@@ -148,6 +148,7 @@ class Run:
     writer: Any = None
     wandb_run_id: Optional[str] = None
     progress: Progress = field(default_factory=Progress)
+    launch: str = ""  # this launch's id (`launch.launch_id`), set by `resume` on rank 0: the lease names it
 
     @property
     def is_main(self) -> bool:
@@ -224,6 +225,7 @@ def resume(run: Run, args: RunArgs, required: tuple = ()) -> tuple[Any, Optional
     outcome = None
     if run.is_main:
         try:
+            run.launch = launch.launch_id()
             run_dir, new_dir, ckpt = name_run_dir(args), False, None
             if args.resume:  # continue writing into the directory of the checkpoint
                 ckpt = checkpoint.load_checkpoint(args.resume, run.script, required)
@@ -234,6 +236,8 @@ def resume(run: Run, args: RunArgs, required: tuple = ()) -> tuple[Any, Optional
                 new_dir = True
             if ckpt is not None:
                 args = take_saved_flags(run, args, ckpt, args.resume or run_dir)
+            if os.path.isdir(run_dir) and (held := lease.take(run_dir, run.launch)):  # before any file is touched
+                raise RunError(held)
             outcome = (run_dir, args, ckpt, new_dir)
         except RunError as e:
             outcome = e
@@ -408,8 +412,10 @@ def claim_run_dir(run: Run) -> None:
         try:
             if run.new_dir:  # claimed exclusively: never into a directory another run created
                 os.makedirs(run.run_dir, exist_ok=True)  # (rank 0's evaluation recorder may have made it)
-                with open(os.path.join(run.run_dir, FLAGS_FILE), "x") as f:
-                    json.dump(dict(script=run.script, args=asdict(run.args)), f, indent=1)
+                error = lease.take(run.run_dir, run.launch)  # None, or the live run that holds it
+                if error is None:
+                    with open(os.path.join(run.run_dir, FLAGS_FILE), "x") as f:
+                        json.dump(dict(script=run.script, args=asdict(run.args)), f, indent=1)
             else:
                 probe = os.path.join(run.run_dir, f".write-test.{os.getpid()}")
                 open(probe, "w").close()

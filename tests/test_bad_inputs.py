@@ -93,6 +93,15 @@ def test_evaluate_bad_device_is_one_line(tmp_path, device, message):
         evaluate.main([str(tmp_path), "--device", device])  # refused before the (missing) checkpoint is read
 
 
+def test_evaluate_device_index_beyond_the_machine_is_one_line(tmp_path, monkeypatch):
+    """`--device cuda:7` on a one-GPU machine (CUDA stood in for: this test runs on CPU machines too); cuda:0 passes."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(evaluate.EvalError, match=r"--device cuda:7: this machine has 1 GPU\(s\), cuda:0 to cuda:0"):
+        evaluate.main([str(tmp_path), "--device", "cuda:7"])
+    assert evaluate.choose_device("cuda:0") == torch.device("cuda:0")
+
+
 def test_dist_timeout_inf_with_two_ranks_is_one_line_as_a_command(tmp_path):
     """The whole path once: torchrun, 2 ranks, one line from rank 0, nothing written."""
     flags = ["--dist-timeout", "inf", "--runs-dir", tmp_path / "runs", "--total-timesteps", 512]

@@ -207,22 +207,39 @@ def finished_runs(tmp_path_factory):
     return finished_run
 
 
+def snapshot(directory: Path) -> dict:
+    """Every file under `directory`: name -> (size, modification time in ns)."""
+    return {str(p.relative_to(directory)): (p.stat().st_size, p.stat().st_mtime_ns) for p in directory.rglob("*")}
+
+
 def test_sigkill_of_a_worker_restarts_and_finishes_exactly(tmp_path):
+    """Rank 0 SIGKILLed mid-run: torchrun restarts the workers, which resume and log every step once. Before, while
+    rank 0 is alive (stopped), a second launch of the same run stops in one line naming the holder of the run
+    directory's lease, having written nothing; the restart takes the lease over (docs/runtime.md, the run
+    directory's lease; a requeue passes through it in
+    test_slurm_job_requeued_onto_fewer_tasks_resumes_with_the_same_global_batch)."""
     iterations = 40
-    proc = start(
-        PPO.name,
-        PPO.args(iterations, tmp_path, "--checkpoint-every", 2),
-        torchrun_args=["--standalone", "--nproc_per_node=2", "--max-restarts=1"],
-        env=ELASTIC_ENV,
-    )
+    flags = PPO.args(iterations, tmp_path, "--checkpoint-every", 2, "--run-name", "shared")
+    torchrun = ["--standalone", "--nproc_per_node=2", "--max-restarts=1"]
+    proc = start(PPO.name, flags, torchrun_args=torchrun, env=ELASTIC_ENV)
     # events past the checkpoint reached the file: the restart must drop them (purge_step), every step once
     wait_until(lambda: events_past_checkpoint(tmp_path), 120, proc, "events past the first checkpoint")
-    os.kill(child_pids(proc.pid)[0], signal.SIGKILL)  # rank 0 (TensorBoard writer, store host), mid-run
+    rank0 = child_pids(proc.pid)[0]  # the TensorBoard writer, store host and lease holder
+    os.kill(rank0, signal.SIGSTOP)  # alive, writing nothing while the second launch runs (rank 1 waits for it)
+    run_dir = tmp_path / "shared"
+    before = snapshot(run_dir)
+    second = launch(PPO.name, flags, nproc=2, timeout=120)
+    assert "exitcode  : 2 " in second.stderr, second.stderr  # the workers' 2; torchrun's own is 1
+    holder = rf"host {re.escape(socket.gethostname())}, pid {rank0}, launch [0-9a-f-]+"
+    assert_one_line_error(second, rf"{run_dir} is in use by a live run \({holder}\)", PPO.name)
+    assert snapshot(run_dir) == before  # nothing written, not even a probe or an event file
+    os.kill(rank0, signal.SIGKILL)  # mid-run, without a word: the OS drops its lease
     result = finish(proc, 240)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     assert re.search(r"resuming at iteration \d+, global step \d+", result.stdout), output
-    run_dir = only_run_dir(tmp_path)  # the restart found the same run directory
+    assert only_run_dir(tmp_path) == run_dir  # the restart found the same run directory
+    assert f"pid {rank0}, " not in (run_dir / "lease").read_text()  # and holds its lease
     assert load(run_dir / "checkpoint.pt")["global_step"] == iterations * 2 * PPO.local_steps
     assert len(list(run_dir.glob("events.out.tfevents.*"))) == 2  # one per attempt
     assert_steps_complete(run_dir, iterations, PPO)

@@ -3,8 +3,10 @@ env_state.py): in-process and fast (no torchrun), except the exit-code tests, wh
 Whole-script runs elsewhere check each behaviour once."""
 
 import ast
+import errno
 import os
 import random
+import socket
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
@@ -550,3 +552,39 @@ def test_check_env_names_the_space_and_ends_with_the_hint():
         rt.check_env("CartPole-v1", make_env, gym.spaces.Box, hint="try X")
     with pytest.raises(rt.RunError, match=r"^unknown --env-id 'NoSuchEnv-v0' \(\w+\); try X$"):
         rt.check_env("NoSuchEnv-v0", make_env, gym.spaces.Box, hint="try X")
+
+
+def test_the_lease_names_a_live_holder_and_passes_to_the_next_once_it_dies(tmp_path, monkeypatch, capsys):
+    """cleanrl_ddp/lease.py: another live process's lease is refused in one line naming it; once that process is
+    gone, this one takes the lease and names itself in the file; a file system without locks warns and goes on."""
+    from cleanrl_ddp import lease
+
+    monkeypatch.setattr(lease, "_held", {})
+    holder_code = "import sys; from cleanrl_ddp import lease; lease.take(sys.argv[1], 'L1'); print('held', flush=True)"
+    holder = subprocess.Popen([sys.executable, "-c", holder_code + "; sys.stdin.read()", tmp_path], cwd=REPO,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline() == "held\n"
+        message = lease.take(str(tmp_path), "L2")
+        holder_text = f"host {socket.gethostname()}, pid {holder.pid}, launch L1"
+        assert message.startswith(f"{tmp_path} is in use by a live run ({holder_text}): a second launch")
+        assert message.endswith("(nothing was written)")
+        run = single_run(tmp_path / "runs")  # a new run that found the name free, as the holder claimed it
+        run.run_dir, run.new_dir = str(tmp_path), True
+        with pytest.raises(rt.RunError, match=f"is in use by a live run \\(host .*, pid {holder.pid}, launch L1\\)"):
+            rt.claim_run_dir(run)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["lease"]  # no flags.json, no event file
+    finally:
+        holder.kill()
+        holder.wait()
+    assert lease.take(str(tmp_path), "L2") is None  # the dead holder's lock went with it
+    assert (tmp_path / "lease").read_text() == f"host {socket.gethostname()}, pid {os.getpid()}, launch L2"
+    assert lease.take(str(tmp_path), "L2") is None  # this process holds it already
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(lease.fcntl, "lockf", no_locks)
+    (tmp_path / "no-locks").mkdir()
+    assert lease.take(str(tmp_path / "no-locks"), "L3") is None
+    assert "warning: no lease on" in capsys.readouterr().err
