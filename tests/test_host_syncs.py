@@ -10,8 +10,7 @@ its metrics once and votes on preemption once.
 """
 
 import pytest
-
-from tests.host_syncs import count_in_subprocess
+from host_syncs import count_in_subprocess
 
 PPO_SMALL = ["--num-minibatches", 2, "--update-epochs", 2]
 OFF_POLICY_SMALL = ["--buffer-size", 200, "--checkpoint-every", 0]
