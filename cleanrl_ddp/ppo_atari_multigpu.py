@@ -437,7 +437,8 @@ def normalize_advantages(adv: torch.Tensor, world_size: int) -> torch.Tensor:
     single-process update on the union of the two local minibatches.
     """
     a = adv.double()
-    stats = torch.stack([a.sum(), (a * a).sum(), torch.tensor(float(a.numel()), dtype=a.dtype, device=a.device)])
+    count = torch.full((), a.numel(), dtype=a.dtype, device=a.device)  # filled on the device: no copy from the host
+    stats = torch.stack([a.sum(), (a * a).sum(), count])
     if world_size > 1:
         dist.all_reduce(stats)
     total, total_sq, n = stats.unbind()

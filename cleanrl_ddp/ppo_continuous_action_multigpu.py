@@ -177,7 +177,7 @@ class Agent(nn.Module):
     def get_action_and_value(self, x, action=None):
         action_mean = self.actor_mean(x)
         action_std = self.actor_logstd.expand_as(action_mean).exp()
-        probs = Normal(action_mean, action_std)
+        probs = Normal(action_mean, action_std, validate_args=False)  # validation reads values: a wait on a GPU
         if action is None:
             action = probs.sample()
         return action, probs.log_prob(action).sum(1), probs.entropy().sum(1), self.critic(x)
@@ -237,17 +237,21 @@ def main() -> None:
             seed0 = env_seed0 + (start_iteration - 1) * sizes["num_envs"]
             next_raw_obs, _ = envs.reset(seed=[seed0 + i for i in range(args.local_num_envs)])
 
-    # ALGO Logic: Storage setup
-    obs = torch.zeros((args.num_steps, args.local_num_envs) + obs_shape, device=device)  # normalised, as acted on
-    actions = torch.zeros((args.num_steps, args.local_num_envs) + action_shape, device=device)
-    logprobs = torch.zeros((args.num_steps, args.local_num_envs), device=device)
-    rewards = torch.zeros((args.num_steps, args.local_num_envs), device=device)
-    dones = torch.zeros((args.num_steps, args.local_num_envs), device=device)
-    values = torch.zeros((args.num_steps, args.local_num_envs), device=device)
+    # ALGO Logic: Storage setup. Rewards, discounted returns and dones stay on the host (page-locked on CUDA)
+    # and cross to the device once per rollout; observations cross each step through a staging buffer.
+    n = args.local_num_envs
+    obs = torch.zeros((args.num_steps, n) + obs_shape, device=device)  # normalised, as acted on
+    actions = torch.zeros((args.num_steps, n) + action_shape, device=device)
+    logprobs = torch.zeros((args.num_steps, n), device=device)
+    values = torch.zeros((args.num_steps, n), device=device)
     # this rank's raw samples of the iteration, merged into the global statistics after the rollout
-    raw_obs = torch.zeros((args.num_steps, args.local_num_envs) + obs_shape, dtype=torch.float64, device=device)
-    raw_returns = torch.zeros((args.num_steps, args.local_num_envs), dtype=torch.float64, device=device)
-    next_done = torch.as_tensor(next_done, dtype=torch.float32, device=device)
+    raw_obs = torch.zeros((args.num_steps, n) + obs_shape, dtype=torch.float64, device=device)
+    host_returns = torch.zeros((args.num_steps, n), dtype=torch.float64, pin_memory=run.pin)
+    host_rewards = torch.zeros((args.num_steps, n), dtype=torch.float64, pin_memory=run.pin)
+    host_dones = torch.zeros((args.num_steps + 1, n), pin_memory=run.pin)  # last row: next_done
+    host_dones[-1] = torch.from_numpy(next_done)
+    staging = torch.zeros((n,) + obs_shape, dtype=torch.float64, pin_memory=run.pin)
+    next_raw = to_device(next_raw_obs, staging, device, run.pin)
     action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
     num_iterations, preempted = sizes["num_iterations"], False
     rt.open_logs(run, sizes, ckpt)  # TensorBoard (W&B) and the sizes table; the SPS clock starts here
@@ -259,14 +263,14 @@ def main() -> None:
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
         episodes = np.zeros(3)  # finished episodes of this iteration: sum of returns, sum of lengths, count
+        host_dones[0] = host_dones[-1]
         for step in range(args.num_steps):
             global_step += sizes["num_envs"]  # global: all ranks step at once
             # The statistics stay fixed during the rollout: every obs of the iteration is normalised alike,
             # on every rank (CleanRL's wrapper updates them per step and per process instead).
-            raw_obs[step] = torch.as_tensor(next_raw_obs, device=device)
-            next_obs = network_input(next_raw_obs, obs_stats, args)
+            raw_obs[step] = next_raw  # a copy: `staging` (next_raw on CPU) is reused below
+            next_obs = network_input(next_raw, obs_stats, args)
             obs[step] = next_obs
-            dones[step] = next_done
 
             # ALGO LOGIC: action logic (unwrapped agent: inference must not go through DDP)
             with torch.no_grad():
@@ -287,19 +291,22 @@ def main() -> None:
             episode_return[next_done_np], episode_length[next_done_np] = 0, 0
             # reward scaling as gymnasium's NormalizeReward: divide by the std of a discounted return
             discounted_return = discounted_return * args.gamma + reward
-            raw_returns[step] = torch.as_tensor(discounted_return, device=device)
+            host_returns[step] = torch.from_numpy(discounted_return)
             discounted_return[next_done_np] = 0
-            if args.norm_reward:
-                rewards[step] = scale_reward(reward, return_stats, args.clip_reward)
-            else:
-                rewards[step] = torch.as_tensor(reward, dtype=torch.float32, device=device)
-            next_done = torch.as_tensor(next_done_np, dtype=torch.float32, device=device)
+            host_rewards[step] = torch.from_numpy(reward)
+            host_dones[step + 1] = torch.from_numpy(next_done_np)
+            next_raw = to_device(next_raw_obs, staging, device, run.pin)
 
+        raw_returns = host_returns.to(device, non_blocking=run.pin)
+        rewards = host_rewards.to(device, non_blocking=run.pin)
+        rewards = scale_reward(rewards, return_stats, args.clip_reward) if args.norm_reward else rewards.float()
+        all_dones = host_dones.to(device, non_blocking=run.pin)
+        dones, next_done = all_dones[:-1], all_dones[-1]
         update_start = time.perf_counter()
         grad_sync_seconds = 0.0
         # bootstrap value if not done
         with torch.no_grad():
-            next_value = agent.get_value(network_input(next_raw_obs, obs_stats, args)).reshape(1, -1)
+            next_value = agent.get_value(network_input(next_raw, obs_stats, args)).reshape(1, -1)
             advantages, returns = compute_gae(
                 rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda
             )
@@ -363,6 +370,8 @@ def main() -> None:
         var_y = m.pop("y2") / n - (m.pop("y") / n) ** 2
         var_diff = m.pop("d2") / n - (m.pop("d") / n) ** 2
         perf = {"perf/rollout_seconds": update_start - rollout_start, "perf/update_seconds": update_seconds}
+        norm = dict(count=obs_stats.count, obs_std_mean=obs_stats.var.sqrt().mean(), return_std=return_stats.var.sqrt())
+        norm = dict(zip(norm, torch.stack(list(norm.values())).tolist(), strict=True))  # one read for the three
         if world_size > 1 and args.grad_sync == "flat":
             perf["perf/grad_sync_seconds"] = grad_sync_seconds
         scalars = {
@@ -371,9 +380,7 @@ def main() -> None:
             "charts/updates_per_iteration": num_updates,
             **{k: v for k, v in m.items() if k.startswith("losses/")},
             **perf,  # rank 0's own wall time of this iteration's parts (waits for other ranks included)
-            "norm/count": obs_stats.count.item(),  # the statistics, equal on every rank
-            "norm/obs_std_mean": obs_stats.var.sqrt().mean().item(),
-            "norm/return_std": return_stats.var.sqrt().item(),
+            **{f"norm/{k}": v for k, v in norm.items()},  # the statistics, equal on every rank
         }
         rt.log(run, global_step, scalars, (m["ep_return"], m["ep_length"], m["ep_count"]))
         if args.sync_check_every and iteration % args.sync_check_every == 0:
@@ -397,7 +404,7 @@ def main() -> None:
         if last or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
             # each rank's envs as data (MuJoCo's integration state, RNGs, step counts), never pickled objects
             env_states = [rt.env_state(env) for env in envs.envs]
-            arrays = (next_raw_obs, next_done.cpu().numpy(), episode_return, episode_length, discounted_return)
+            arrays = (next_raw_obs, host_dones[-1].numpy().copy(), episode_return, episode_length, discounted_return)
             rank_state = (env_states, *map(torch.from_numpy, arrays))
             state = dict(agent=agent.state_dict(), agent_kwargs=agent_kwargs, optimizer=optimizer.state_dict())
             state |= dict(obs_stats=obs_stats.state_dict(), return_stats=return_stats.state_dict())
@@ -437,7 +444,8 @@ def normalize_advantages(adv: torch.Tensor, world_size: int) -> torch.Tensor:
     single-process update on the union of the two local minibatches.
     """
     a = adv.double()
-    stats = torch.stack([a.sum(), (a * a).sum(), torch.tensor(float(a.numel()), dtype=a.dtype, device=a.device)])
+    count = torch.full((), a.numel(), dtype=a.dtype, device=a.device)  # filled on the device: no copy from the host
+    stats = torch.stack([a.sum(), (a * a).sum(), count])
     if world_size > 1:
         dist.all_reduce(stats)
     total, total_sq, n = stats.unbind()
@@ -519,9 +527,7 @@ class RunningStats:
     @property
     def var(self) -> torch.Tensor:
         """The population variance (gymnasium's convention); 1 before any sample."""
-        if self.count == 0:
-            return torch.ones_like(self.m2)
-        return self.m2 / self.count
+        return torch.where(self.count == 0, torch.ones_like(self.m2), self.m2 / self.count)  # no `if` on a device value
 
     def update(self, x: torch.Tensor, world_size: int = 1) -> None:
         """Merge this rank's samples `x` [N, *shape] and, with world_size > 1, every other rank's.
@@ -530,19 +536,19 @@ class RunningStats:
         centred on the current mean c (equal on all ranks) against cancellation; then Chan et al.'s (1979) formula.
         """
         d = x.to(device=self.mean.device, dtype=torch.float64).reshape((-1,) + self.shape) - self.mean
-        n_local = torch.tensor([float(d.shape[0])], dtype=torch.float64, device=d.device)
+        n_local = d.new_full((1,), d.shape[0])  # filled on the device: no copy from the host
         sums = torch.cat([n_local, d.sum(0).reshape(-1), (d * d).sum(0).reshape(-1)])
         if world_size > 1:
             dist.all_reduce(sums)
         n = sums[0]
-        if n == 0:
-            return
         s1, s2 = sums[1:].view(2, *self.shape).unbind(0)
-        delta = s1 / n  # the batch mean minus the current mean
-        batch_m2 = s2 - s1 * s1 / n
+        # No `if n == 0` (a wait on a GPU): with no samples s1 = s2 = 0, and the clamps (no-ops for counts >= 1)
+        # turn the merge into a no-op instead of a division by zero.
+        delta = s1 / n.clamp_min(1)  # the batch mean minus the current mean
+        batch_m2 = s2 - s1 * s1 / n.clamp_min(1)
         total = self.count + n
-        self.mean = self.mean + delta * n / total
-        self.m2 = self.m2 + batch_m2 + delta * delta * self.count * n / total
+        self.mean = self.mean + delta * n / total.clamp_min(1)
+        self.m2 = self.m2 + batch_m2 + delta * delta * self.count * n / total.clamp_min(1)
         self.count = total
 
     def state_dict(self) -> dict:
@@ -554,6 +560,14 @@ class RunningStats:
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.count, self.mean, self.m2]
+
+
+def to_device(raw_obs: np.ndarray, staging: torch.Tensor, device, non_blocking: bool) -> torch.Tensor:
+    """The envs' raw observations on `device`, through `staging`. On CPU the result IS `staging` (no second
+    copy): it holds them until the next call. On CUDA the copy may still run when this returns; the rollout's
+    `action.cpu()` waits for it before the next call overwrites `staging`."""
+    staging.numpy()[:] = raw_obs
+    return staging.to(device, non_blocking=non_blocking)
 
 
 def normalize_obs(raw_obs, obs_stats: RunningStats, clip: float) -> torch.Tensor:

@@ -164,7 +164,7 @@ class Agent(nn.Module):
 
     def get_action_and_value(self, x, action=None):
         logits = self.actor(x)
-        probs = Categorical(logits=logits)
+        probs = Categorical(logits=logits, validate_args=False)  # validation reads values: a wait on a GPU
         if action is None:
             action = probs.sample()
         return action, probs.log_prob(action), probs.entropy(), self.critic(x)
@@ -220,15 +220,18 @@ def main() -> None:
             seed0 = env_seed0 + (start_iteration - 1) * sizes["num_envs"]
             next_obs, _ = envs.reset(seed=[seed0 + i for i in range(args.local_num_envs)])
 
-    # ALGO Logic: Storage setup
-    obs = torch.zeros((args.num_steps, args.local_num_envs) + envs.single_observation_space.shape, device=device)
+    # ALGO Logic: Storage setup. Rewards and dones stay on the host (page-locked on CUDA) and cross to the
+    # device once per rollout; observations cross each step through a staging buffer of their own.
+    obs_shape = envs.single_observation_space.shape
+    obs = torch.zeros((args.num_steps, args.local_num_envs) + obs_shape, device=device)
     actions = torch.zeros((args.num_steps, args.local_num_envs), dtype=torch.long, device=device)
     logprobs = torch.zeros((args.num_steps, args.local_num_envs), device=device)
-    rewards = torch.zeros((args.num_steps, args.local_num_envs), device=device)
-    dones = torch.zeros((args.num_steps, args.local_num_envs), device=device)
     values = torch.zeros((args.num_steps, args.local_num_envs), device=device)
-    next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
-    next_done = torch.as_tensor(next_done, dtype=torch.float32, device=device)
+    host_rewards = torch.zeros((args.num_steps, args.local_num_envs), pin_memory=run.pin)
+    host_dones = torch.zeros((args.num_steps + 1, args.local_num_envs), pin_memory=run.pin)  # last row: next_done
+    host_dones[-1] = torch.from_numpy(next_done)
+    staging = torch.zeros((args.local_num_envs,) + obs_shape, pin_memory=run.pin)
+    next_obs = to_device(next_obs, staging, device, run.pin)
     num_iterations, preempted = sizes["num_iterations"], False
     rt.open_logs(run, sizes, ckpt)  # TensorBoard (W&B) and the sizes table; the SPS clock starts here
 
@@ -239,10 +242,10 @@ def main() -> None:
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
         episodes = np.zeros(3)  # finished episodes of this iteration: sum of returns, sum of lengths, count
+        host_dones[0] = host_dones[-1]
         for step in range(args.num_steps):
             global_step += sizes["num_envs"]  # global: all ranks step at once
-            obs[step] = next_obs
-            dones[step] = next_done
+            obs[step] = next_obs  # a copy: `staging` (next_obs on CPU) is reused below
 
             # ALGO LOGIC: action logic (unwrapped agent: inference must not go through DDP)
             with torch.no_grad():
@@ -252,15 +255,19 @@ def main() -> None:
             logprobs[step] = logprob
 
             # TRY NOT TO MODIFY: execute the game and log data.
-            next_obs, reward, terminations, truncations, _ = envs.step(action.cpu().numpy())
+            next_obs_np, reward, terminations, truncations, _ = envs.step(action.cpu().numpy())
             next_done_np = np.logical_or(terminations, truncations)
             episode_return += reward
             episode_length += 1
             episodes += (episode_return[next_done_np].sum(), episode_length[next_done_np].sum(), next_done_np.sum())
             episode_return[next_done_np], episode_length[next_done_np] = 0, 0
-            rewards[step] = torch.as_tensor(reward, device=device)
-            next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
-            next_done = torch.as_tensor(next_done_np, dtype=torch.float32, device=device)
+            host_rewards[step] = torch.from_numpy(reward)
+            host_dones[step + 1] = torch.from_numpy(next_done_np)
+            next_obs = to_device(next_obs_np, staging, device, run.pin)
+
+        rewards = host_rewards.to(device, non_blocking=run.pin)
+        all_dones = host_dones.to(device, non_blocking=run.pin)
+        dones, next_done = all_dones[:-1], all_dones[-1]
 
         update_start = time.perf_counter()
         grad_sync_seconds = 0.0
@@ -351,7 +358,7 @@ def main() -> None:
         if last or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
             env_states = [rt.env_state(env) for env in envs.envs]  # data (tensors, numbers), never pickled objects
             episodes_so_far = torch.from_numpy(episode_return), torch.from_numpy(episode_length)
-            rank_state = (env_states, next_obs.cpu(), next_done.cpu(), *episodes_so_far)  # this rank's
+            rank_state = (env_states, staging.clone(), host_dones[-1].clone(), *episodes_so_far)  # this rank's
             state = dict(agent=agent.state_dict(), agent_kwargs=agent_kwargs, optimizer=optimizer.state_dict())
             rt.save_checkpoint(run, iteration, global_step, rank_state, **state)
         if preempted or reached:
@@ -389,7 +396,8 @@ def normalize_advantages(adv: torch.Tensor, world_size: int) -> torch.Tensor:
     single-process update on the union of the two local minibatches.
     """
     a = adv.double()
-    stats = torch.stack([a.sum(), (a * a).sum(), torch.tensor(float(a.numel()), dtype=a.dtype, device=a.device)])
+    count = torch.full((), a.numel(), dtype=a.dtype, device=a.device)  # filled on the device: no copy from the host
+    stats = torch.stack([a.sum(), (a * a).sum(), count])
     if world_size > 1:
         dist.all_reduce(stats)
     total, total_sq, n = stats.unbind()
@@ -435,6 +443,14 @@ def ppo_loss(model, mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, 
     stats = dict(policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
     stats.update(old_approx_kl=old_approx_kl, approx_kl=approx_kl, clipfrac=clipfrac)
     return loss, {k: v.detach() for k, v in stats.items()}
+
+
+def to_device(obs: np.ndarray, staging: torch.Tensor, device, non_blocking: bool) -> torch.Tensor:
+    """The envs' observations on `device`, through `staging`. On CPU the result IS `staging` (no second copy):
+    it holds these observations until the next call. On CUDA the copy may still run when this returns; the
+    rollout's `action.cpu()` waits for it before the next call overwrites `staging`."""
+    staging.numpy()[:] = obs
+    return staging.to(device, non_blocking=non_blocking)
 
 
 def all_reduce_gradients_flat(params, world_size: int) -> None:
