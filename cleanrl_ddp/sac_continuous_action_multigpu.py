@@ -326,8 +326,9 @@ def main() -> None:
         last = iteration == num_iterations
         logging = bool(rt.steps_crossed(prev_step, global_step, args.log_every)) or last
         if logging:
-            m, sums = rt.all_sum(run, sums), dict.fromkeys(sums, 0.0)
-            scalars = {"losses/alpha": float(alpha), "charts/updates": num_updates}
+            # alpha (equal on every rank) rides in the same all-reduce: one read of the device per logged step
+            m, sums = rt.all_sum(run, sums | dict(alpha=alpha[0])), dict.fromkeys(sums, 0.0)
+            scalars = {"losses/alpha": m["alpha"] / world_size, "charts/updates": num_updates}
             scalars["charts/actor_updates"] = num_actor_updates
             scalars["perf/update_seconds"] = update_seconds
             if m["updates"]:  # no losses in an interval without updates
