@@ -41,6 +41,17 @@ def test_running_stats_match_numpy_in_one_process():
     np.testing.assert_allclose(normalized.mean(0), 0.0, atol=1e-4)
 
 
+def test_running_stats_ignore_an_empty_batch():
+    """No samples leave the statistics as they are, before and after the first ones (no `if` on a device value)."""
+    stats = RunningStats((2,))
+    stats.update(torch.zeros((0, 2), dtype=torch.float64))
+    assert stats.count.item() == 0 and torch.equal(stats.var, torch.ones(2)) and torch.equal(stats.mean, torch.zeros(2))
+    stats.update(torch.tensor([[1.0, 2.0], [3.0, 6.0]], dtype=torch.float64))
+    before = [t.clone() for t in stats.tensors()]
+    stats.update(torch.zeros((0, 2), dtype=torch.float64))
+    assert all(torch.equal(a, b) for a, b in zip(before, stats.tensors(), strict=True))
+
+
 def test_global_statistics_equal_one_process_over_all_ranks(tmp_path):
     out = tmp_path / "stats.json"
     proc = launch(WORKER, [out], nproc=2, timeout=120)
