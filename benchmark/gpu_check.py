@@ -8,7 +8,15 @@
 The checks, in order (docs/benchmarks.md says what each one means):
 - `script:<name>`: every `cleanrl_ddp/*_multigpu.py` at world size 1 for a few iterations (`FEW_ITERATIONS`);
   exit 0, its start line names the device, and its final checkpoint is at the requested global step;
-- `gloo`: the Atari PPO on 2 ranks sharing the GPU (`--backend gloo`), replicas compared every iteration;
+- `gloo:<name>`: every script on 2 ranks sharing the GPU (`--backend gloo`, DDP), replicas compared every iteration;
+- `flat:<name>`: the same with `--grad-sync flat` (one flattened all-reduce instead of DDP);
+- `compile:<name>`: the scripts with `--compile` (`COMPILED`) on 2 ranks sharing the GPU, DDP and then
+  `--grad-sync flat`, replicas compared every iteration (on CUDA: CUDA graphs, mode reduce-overhead);
+- `nccl-1`: an NCCL process group at world size 1 on the GPU: the collectives the scripts make (a broadcast, a DDP
+  backward, the flat all-reduce) run and leave the values as they were;
+- `sync-debug:<name>`: every script at world size 1 under `torch.cuda.set_sync_debug_mode("warn")`, counting the
+  synchronizing CUDA operations it reports, per env step (the GPU twin of the CPU suite's host-sync counter);
+- `compile-speed`: the Atari PPO's and SAC's steady SPS at world size 1 with and without `--compile`;
 - `nccl-guard`: `torchrun --nproc_per_node=2` with NCCL on one visible GPU stops before init with one line;
 - `resume`: a 2-rank gloo run of the Atari PPO stopped by SIGTERM, resumed at world size 1, ends at its exact step;
 - `evaluate`: `python -m cleanrl_ddp.evaluate` on a checkpoint of the Atari PPO trained on the device, on the
@@ -67,7 +75,12 @@ FEW_ITERATIONS = {
 NEEDS = {"ppo_continuous_action_multigpu.py": "mujoco"}  # a module beyond `pip install -e .`: skipped without it
 
 
-CHECK_NAMES = ("script", "gloo", "nccl-guard", "resume", "evaluate", "throughput")
+# the scripts with a --compile flag, and the step past which their compiled runs' SPS is steady (compile time excluded)
+COMPILED = ("ppo_atari_multigpu.py", "sac_continuous_action_multigpu.py", "td3_continuous_action_multigpu.py")
+CHECK_NAMES = (
+    "script", "gloo", "flat", "compile", "nccl-1", "sync-debug", "compile-speed", "nccl-guard", "resume", "evaluate",
+    "throughput",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -81,6 +94,7 @@ class Budget:
     throughput_warmup: int
     throughput_num_steps: int
     ceiling_steps: int
+    speed_iterations: dict  # compile-speed: script -> (flags, logged SPS points skipped as warm-up)
     timeouts: dict  # check -> seconds one of its commands may take (then it fails, and the next check runs)
 
 
@@ -92,9 +106,18 @@ GPU_BUDGET = Budget(
     throughput_warmup=4,
     throughput_num_steps=128,
     ceiling_steps=1000,
-    # a few times what each command should take on one H100 (script, gloo, nccl-guard: 10-25 s; each half of
-    # resume about 30 s; evaluate 10-15 s; each throughput run 25-45 s), so that a hang costs minutes, not hours
-    timeouts={"script": 120, "gloo": 120, "nccl-guard": 60, "resume": 180, "evaluate": 120, "throughput": 240},
+    speed_iterations={
+        ATARI: ("--local-num-envs 8 --num-steps 128 --total-timesteps 20480", 4),
+        "sac_continuous_action_multigpu.py": (
+            "--env-id Pendulum-v1 --learning-starts 1000 --total-timesteps 6000 --log-every 500",
+            4,
+        ),
+    },
+    # a few times what each command should take on one H100 (script, gloo, flat, nccl-guard: 10-25 s; each half
+    # of resume about 30 s; evaluate 10-15 s; each throughput run 25-45 s; compile: inductor's first compile
+    # takes minutes), so that a hang costs minutes, not hours
+    timeouts={"script": 120, "gloo": 120, "flat": 120, "compile": 600, "nccl-1": 120, "sync-debug": 180}
+    | {"compile-speed": 600, "nccl-guard": 60, "resume": 180, "evaluate": 120, "throughput": 240},
 )
 CPU_BUDGET = Budget(
     resume_flags="--local-num-envs 1 --num-steps 16 --num-minibatches 1 --update-epochs 1",
@@ -104,6 +127,13 @@ CPU_BUDGET = Budget(
     throughput_warmup=1,
     throughput_num_steps=16,
     ceiling_steps=20,
+    speed_iterations={
+        ATARI: ("--local-num-envs 2 --num-steps 16 --total-timesteps 192", 1),
+        "sac_continuous_action_multigpu.py": (
+            "--env-id Pendulum-v1 --learning-starts 64 --total-timesteps 256 --log-every 32",
+            2,
+        ),
+    },
     timeouts=dict.fromkeys(CHECK_NAMES, 400),  # a busy 2-core CI machine
 )
 GOALS = {8: 0.85, 64: 0.95}  # share of the env-only ceiling (issue #20); measured, never asserted
@@ -215,17 +245,23 @@ def scripts() -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------- checks
+def missing(script: str) -> str:
+    """Why `script` cannot run here (a module beyond `pip install -e .`), or "" when it can."""
+    import importlib.util
+
+    module = NEEDS.get(script)
+    return (
+        f"needs {module} (pip install -e '.[{module}]')" if module and importlib.util.find_spec(module) is None else ""
+    )
+
+
 def check_script(c: Check, script: str) -> Result:
     name = f"script:{script}"
     c.attempted.add(name)
     if script not in FEW_ITERATIONS:
         return Result(name, "FAIL", "no row for it in FEW_ITERATIONS (benchmark/gpu_check.py): add its flags")
-    module = NEEDS.get(script)
-    if module:
-        import importlib.util
-
-        if importlib.util.find_spec(module) is None:
-            return Result(name, "skip", f"needs {module} (pip install -e '.[{module}]')")
+    if missing(script):
+        return Result(name, "skip", missing(script))
     flags, total = FEW_ITERATIONS[script]
     run_name = f"check-{script.removesuffix('.py')}"
     cmd = c.command(script, [*shlex.split(flags), "--total-timesteps", total, "--seed", 1, *c.device_flags])
@@ -244,28 +280,152 @@ def check_script(c: Check, script: str) -> Result:
     return Result(name, "ok", f"world size 1 on {device}, global step {total}, exit 0 in {seconds:.1f} s")
 
 
-def check_gloo(c: Check) -> Result:
-    name = "gloo"
-    flags, total = FEW_ITERATIONS[ATARI]
-    cmd = c.command(ATARI, [*shlex.split(flags), "--total-timesteps", 2 * total, *c.device_flags], nproc=2)
-    cmd += ["--backend", "gloo", "--sync-check-every", "1", "--runs-dir", str(c.runs), "--run-name", "check-gloo"]
+def check_two_ranks(c: Check, script: str, kind: str, extra=()) -> Result:
+    """`script` on 2 ranks sharing the device (gloo) for twice its few iterations, replicas compared every iteration;
+    `kind` names the check (gloo, flat, compile) and `extra` its flags."""
+    name = f"{kind}:{script}"
+    if missing(script):
+        return Result(name, "skip", missing(script))
+    flags, total = FEW_ITERATIONS[script]
+    run_name = f"check-{kind}-{script.removesuffix('.py')}-{len(extra)}"
+    cmd = c.command(script, [*shlex.split(flags), "--total-timesteps", 2 * total, *extra, *c.device_flags], nproc=2)
+    cmd += ["--backend", "gloo", "--sync-check-every", "1", "--runs-dir", str(c.runs), "--run-name", run_name]
     cmd += ["--checkpoint-every", "0"]
     code, out, seconds = c.run(name, cmd)
     if code != 0:
         return c.failed(name, code, out)
-    wrong = c.expected_device(out, ATARI, 2, "gloo")
+    wrong = c.expected_device(out, script, 2, "gloo")
     if wrong:
         return c.failed(name, code, out, wrong)
-    step, world_size = final_step(c.runs / "check-gloo")
+    step, world_size = final_step(c.runs / run_name)
     if (step, world_size) != (2 * total, 2):
         return c.failed(name, code, out, f"its checkpoint is at global step {step}, world size {world_size}")
-    iterations = total // local_steps(flags)
     return Result(
         name,
         "ok",
-        f"{ATARI} on 2 ranks x {flag(flags, '--local-num-envs')} envs sharing the device, replicas equal after each of "
-        f"{iterations} iterations, global step {2 * total} in {seconds:.1f} s",
+        f"2 ranks sharing the device{' with ' + ' '.join(extra) if extra else ''}, replicas equal after every "
+        f"iteration, global step {2 * total} in {seconds:.1f} s",
     )
+
+
+def check_gloo(c: Check, script: str) -> Result:
+    return check_two_ranks(c, script, "gloo")
+
+
+def check_flat(c: Check, script: str) -> Result:
+    return check_two_ranks(c, script, "flat", ["--grad-sync", "flat"])
+
+
+def check_compile(c: Check, script: str) -> list[Result]:
+    """--compile on 2 ranks: under DDP, then with --grad-sync flat."""
+    return [
+        check_two_ranks(c, script, "compile", ["--compile"]),
+        check_two_ranks(c, script, "compile", ["--compile", "--grad-sync", "flat"]),
+    ]
+
+
+NCCL_ONE = """
+import os, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from cleanrl_ddp.sac_continuous_action_multigpu import TwinQ, all_reduce_gradients_flat
+os.environ |= dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("NCCL_ONE_PORT", "29533"))
+device = torch.device("cuda", 0)
+torch.cuda.set_device(device)
+dist.init_process_group("nccl", rank=0, world_size=1, device_id=device)
+torch.manual_seed(0)
+qf = TwinQ(3, 1).to(device)
+before = [p.detach().clone() for p in qf.parameters()]
+for p in qf.parameters():
+    dist.broadcast(p.data, src=0)
+assert all(torch.equal(a, p) for a, p in zip(before, qf.parameters())), "broadcast changed the weights"
+obs, act = torch.randn(64, 3, device=device), torch.randn(64, 1, device=device)
+DDP(qf)(obs, act)[0].pow(2).mean().backward()
+ddp_grads = [p.grad.clone() for p in qf.parameters()]
+qf.zero_grad()
+qf(obs, act)[0].pow(2).mean().backward()
+all_reduce_gradients_flat(list(qf.parameters()), 1)
+plain = [p.grad for p in qf.parameters()]
+assert all(torch.allclose(a, b) for a, b in zip(ddp_grads, plain)), "DDP's gradients differ from one process's"
+total = torch.ones(3, device=device, dtype=torch.float64)
+dist.all_reduce(total)
+assert total.tolist() == [1.0, 1.0, 1.0], total
+dist.destroy_process_group()
+print("nccl-1: broadcast, DDP backward, flat all-reduce and a float64 all-reduce at world size 1: ok")
+"""
+
+
+def check_nccl_one(c: Check) -> Result:
+    """An NCCL process group at world size 1 (the scripts join none at world size 1: their collectives, run here)."""
+    name = "nccl-1"
+    if c.device != "cuda":
+        return Result(name, "skip", "NCCL needs CUDA")
+    code, out, seconds = c.run(name, [sys.executable, "-c", NCCL_ONE])
+    if code != 0 or "nccl-1: " not in out:
+        return c.failed(name, code, out)
+    return Result(name, "ok", f"{out.strip().splitlines()[-1][8:]} in {seconds:.1f} s")
+
+
+SYNC_DEBUG = """
+import runpy, sys, warnings, torch
+warnings.simplefilter("always")  # every synchronizing operation, not the first of each line
+torch.cuda.set_sync_debug_mode("warn")
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def check_sync_debug(c: Check, script: str) -> Result:
+    """`script`'s few iterations at world size 1 under torch.cuda.set_sync_debug_mode("warn"): its syncs, counted."""
+    name = f"sync-debug:{script}"
+    if c.device != "cuda":
+        return Result(name, "skip", "torch.cuda.set_sync_debug_mode needs CUDA")
+    if missing(script):
+        return Result(name, "skip", missing(script))
+    flags, total = FEW_ITERATIONS[script]
+    run_name = f"check-sync-{script.removesuffix('.py')}"
+    cmd = c.command(script, [*shlex.split(flags), "--total-timesteps", total, "--seed", 1, *c.device_flags])
+    cmd = [sys.executable, "-c", SYNC_DEBUG, *cmd[1:], "--runs-dir", str(c.runs), "--run-name", run_name]
+    code, out, seconds = c.run(name, cmd)
+    if code != 0:
+        return c.failed(name, code, out)
+    syncs = len(re.findall(r"called a synchronizing CUDA operation", out))
+    return Result(
+        name,
+        "ok",
+        f"{syncs} synchronizing CUDA operations over {total} env steps ({syncs / total:.2f} per env step, set-up, "
+        f"logging and checkpoint included) in {seconds:.1f} s",
+    )
+
+
+def check_compile_speed(c: Check) -> list[Result]:
+    """Steady SPS of the Atari PPO and SAC at world size 1, eager then --compile, in this call."""
+    from benchmark import throughput as tp
+    from benchmark.events import read_scalar_events
+
+    results = []
+    for script, (flags, warmup) in c.budget.speed_iterations.items():
+        name = f"compile-speed {script.removesuffix('.py')}"
+        sps = {}
+        for compiled in (False, True):
+            run_name = f"check-speed-{script.removesuffix('.py')}-{int(compiled)}"
+            cmd = c.command(script, [*shlex.split(flags), *(["--compile"] if compiled else []), *c.device_flags])
+            cmd += ["--runs-dir", str(c.runs), "--run-name", run_name, "--checkpoint-every", "0"]
+            code, out, _ = c.run(name, cmd)
+            if code != 0:
+                break
+            sps[compiled] = tp.steady_sps(read_scalar_events(c.runs / run_name)[tp.SPS_TAG], warmup)
+        if len(sps) < 2:
+            results.append(c.failed(name, code, out))
+            continue
+        results.append(
+            Result(
+                name,
+                "ok",
+                f"{sps[False]:,.0f} SPS eager, {sps[True]:,.0f} SPS with --compile ({sps[True] / sps[False]:.2f}x), "
+                "steady (compile time excluded)",
+            )
+        )
+    return results
 
 
 def check_nccl_guard(c: Check) -> Result:
@@ -464,7 +624,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, help="folder for the runs and logs (default: runs/gpu_check/<UTC time>)")
     args = parser.parse_args(argv)
     for o in args.only or []:
-        if o.split(":")[0] not in CHECK_NAMES or (o.startswith("script:") and o[7:] not in scripts()):
+        kind, _, script = o.partition(":")
+        if kind not in CHECK_NAMES or (script and script not in (COMPILED if kind == "compile" else scripts())):
             parser.error(
                 f"--only {o}: not a check; the checks are {', '.join(CHECK_NAMES)}, or script:<name> for one of "
                 f"{', '.join(scripts())}"
@@ -488,14 +649,18 @@ def main(argv=None) -> int:
             print(r.line(), flush=True)
             results.append(r)
 
-    for script in scripts():
-        if selected(args.only, f"script:{script}"):
-            try:
-                report(check_script(c, script))
-            except Exception as e:
-                report(Result(f"script:{script}", "FAIL", f"the check itself failed: {type(e).__name__}: {e}"))
+    per_script = [("script", check_script, scripts()), ("gloo", check_gloo, scripts()), ("flat", check_flat, scripts())]
+    per_script += [("compile", check_compile, COMPILED), ("sync-debug", check_sync_debug, scripts())]
+    for kind, check, names in per_script:
+        for script in names:
+            if selected(args.only, f"{kind}:{script}"):
+                try:
+                    report(check(c, script))
+                except Exception as e:
+                    report(Result(f"{kind}:{script}", "FAIL", f"the check itself failed: {type(e).__name__}: {e}"))
     for name, check in [
-        ("gloo", check_gloo),
+        ("nccl-1", check_nccl_one),
+        ("compile-speed", check_compile_speed),
         ("nccl-guard", check_nccl_guard),
         ("resume", check_resume),
         ("evaluate", check_evaluate),

@@ -235,7 +235,7 @@ def main() -> None:
     sums = dict.fromkeys(("ep_return", "ep_length", "ep_count", "td_loss", "q_values", "updates"), 0.0)
     num_updates = ckpt["num_updates"] if ckpt else 0
     num_target_updates = ckpt["num_target_updates"] if ckpt else 0
-    update_seconds = grad_sync_seconds = 0.0  # rank 0's time in updates and in the flat all-reduce, per log interval
+    update_seconds = 0.0  # rank 0's time in gradient updates (on a GPU: in queueing them), per log interval
     num_iterations, preempted = sizes["num_iterations"], False
     rt.open_run(run, sizes, ckpt)  # check the sizes, claim the run directory, TensorBoard (W&B); SPS clock starts
 
@@ -249,7 +249,7 @@ def main() -> None:
         actions = np.random.randint(0, n_actions, local_num_envs)
         if not explore.all():
             with torch.no_grad():  # the unwrapped network: inference must not go through DDP
-                greedy = q_network(torch.as_tensor(obs, device=device)).argmax(dim=1).cpu().numpy()
+                greedy = q_network(to_device(obs, device, run.pin)).argmax(dim=1).cpu().numpy()  # the one wait
             actions = np.where(explore, actions, greedy)
 
         # TRY NOT TO MODIFY: execute the game and log data.
@@ -276,16 +276,10 @@ def main() -> None:
         if global_step > train_start:
             update_start = time.perf_counter()
             for _ in range(rt.steps_crossed(prev_step, global_step, args.train_frequency)):
-                data = {k: torch.as_tensor(v, device=device) for k, v in rb.sample(args.local_batch_size).items()}
-                loss, q_mean = td_loss(model, target_network, **data, gamma=args.gamma)
-                optimizer.zero_grad(set_to_none=False)
-                loss.backward()
-                if world_size > 1 and args.grad_sync == "flat":
-                    sync_start = time.perf_counter()
-                    all_reduce_gradients_flat(list(q_network.parameters()), world_size)
-                    grad_sync_seconds += time.perf_counter() - sync_start
-                optimizer.step()
-                sums["td_loss"] += loss.detach().double()
+                # sampled on the host (see the docs), copied through page-locked memory: the host does not wait
+                data = {k: to_device(v, device, run.pin) for k, v in rb.sample(args.local_batch_size).items()}
+                loss, q_mean = update_q_network(data, model, q_network, target_network, optimizer, args, world_size)
+                sums["td_loss"] += loss.double()  # device tensors until the logged step
                 sums["q_values"] += q_mean.double()
                 sums["updates"] += 1
                 num_updates += 1
@@ -306,10 +300,8 @@ def main() -> None:
             scalars |= {"charts/target_updates": num_target_updates, "perf/update_seconds": update_seconds}
             if m["updates"]:  # no losses in an interval without updates
                 scalars |= {f"losses/{k}": m[k] / m["updates"] for k in ("td_loss", "q_values")}
-            if world_size > 1 and args.grad_sync == "flat":
-                scalars["perf/grad_sync_seconds"] = grad_sync_seconds
             rt.log(run, global_step, scalars, (m["ep_return"], m["ep_length"], m["ep_count"]))
-            update_seconds = grad_sync_seconds = 0.0
+            update_seconds = 0.0
         if rt.steps_crossed(prev_step, global_step, args.sync_check_every):  # the target network too
             rt.check_replicas_in_sync(f"iteration {iteration}", world_size, q_network, target_network, optimizer)
 
@@ -337,7 +329,8 @@ def main() -> None:
     rt.finish(run, global_step, preempted, envs, eval_envs)
 
 
-# ALGO LOGIC: the replay memory, the epsilon schedule, the loss and the gradient all-reduce (imported by the tests)
+# ALGO LOGIC: the replay memory, the epsilon schedule, the loss, the update and the gradient all-reduce (imported
+# by the tests)
 class FrameReplayBuffer:
     """The replay memory of one rank's envs; every 84x84 frame is stored once, as uint8.
 
@@ -426,6 +419,27 @@ def td_loss(model, target_network, obs, actions, rewards, next_obs, terminated, 
         td_target = rewards + gamma * target_max * (1 - terminated)
     old_val = model(obs).gather(1, actions.view(-1, 1)).squeeze(1)
     return F.mse_loss(td_target, old_val), old_val.mean().detach()
+
+
+def update_q_network(data: dict, model, q_network, target_network, optimizer, args: Args, world_size: int):
+    """One gradient step of the Q-network on this rank's batch `data`, gradients averaged over ranks (`model`'s DDP
+    hooks, or the flat all-reduce). Returns (TD loss, mean Q of the taken actions), detached, on the device."""
+    loss, q_mean = td_loss(model, target_network, **data, gamma=args.gamma)
+    optimizer.zero_grad(set_to_none=False)
+    loss.backward()
+    if world_size > 1 and args.grad_sync == "flat":
+        all_reduce_gradients_flat(list(q_network.parameters()), world_size)
+    optimizer.step()
+    return loss.detach(), q_mean
+
+
+def to_device(array: np.ndarray, device, pin: bool) -> torch.Tensor:
+    """`array` on `device`, through page-locked memory when `pin` (then the copy does not make the host wait). The
+    staging tensor is new at each call: torch's caching host allocator does not hand it out again before that
+    copy has run. On CPU the result is the staging tensor itself."""
+    staging = torch.empty(array.shape, dtype=torch.from_numpy(array).dtype, pin_memory=pin)
+    staging.numpy()[...] = array
+    return staging.to(device, non_blocking=pin)
 
 
 def all_reduce_gradients_flat(params, world_size: int) -> None:

@@ -80,6 +80,8 @@ class Args(rt.RunArgs):
     """global steps between logged (all-reduced) metrics; a preemption signal is acted on at these steps"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
     """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
+    compile: bool = False
+    """if toggled, `torch.compile` the two update functions (on CUDA with CUDA graphs: mode reduce-overhead)"""
 
 
 def derive_sizes(args: Args, world_size: int) -> dict:
@@ -168,7 +170,7 @@ class Actor(nn.Module):
         mean = self.fc_mean(x)
         log_std = torch.tanh(self.fc_logstd(x))
         log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1)  # From SpinUp / Denis Yarats
-        normal = torch.distributions.Normal(mean, log_std.exp())
+        normal = torch.distributions.Normal(mean, log_std.exp(), validate_args=False)  # validation waits for the GPU
         noise = torch.randn(mean.shape, generator=generator, device=mean.device)
         x_t = mean + log_std.exp() * noise  # for reparameterization trick (normal.rsample())
         y_t = torch.tanh(x_t)
@@ -233,22 +235,31 @@ def main() -> None:
         with torch.no_grad():
             log_alpha.copy_(ckpt["log_alpha"])
         rt.resume_rng(run, ckpt, args.seed)  # each rank's own streams; at another world size, new ones
-    alpha = log_alpha.exp().item() if args.autotune else args.alpha
+    # alpha stays a tensor on the device: reading it on the host would make every actor update wait for the GPU
+    alpha = log_alpha.detach().exp() if args.autotune else torch.full((1,), args.alpha, device=device)
     ddp = world_size > 1 and args.grad_sync == "ddp"
-    # the actor's buffers (action scale and bias) are constants: no broadcast of them at every forward
-    actor_model = DDP(actor, forward_sync_buffers=False) if ddp else actor
+    # the actor's buffers (action scale and bias) are constants, equal on every rank: no broadcast at every forward
+    actor_model = DDP(actor, broadcast_buffers=False) if ddp else actor
     qf_model = DDP(qf) if ddp else qf
+    # --compile: the update functions below, compiled (CUDA graphs on CUDA, where the shapes are static)
+    compile_mode = "reduce-overhead" if device.type == "cuda" else None
+    critic_step, actor_step = update_critics, update_actor
+    if args.compile:
+        critic_step, actor_step = (torch.compile(f, mode=compile_mode) for f in (update_critics, update_actor))
     eval_envs = make_eval_envs(args, args.eval_episodes, rt.video_dir(run)) if run.is_main and args.eval_every else None
 
     # Envs are not checkpointed: a resumed run seeds its envs past the seeds earlier attempts used.
     env_seed0 = args.seed + rank * local_num_envs + (start_iteration - 1) * sizes["num_envs"]
     obs, _ = envs.reset(seed=[env_seed0 + i for i in range(local_num_envs)])
-    rb = ReplayBuffer(sizes["local_buffer_size"], obs_dim, action_dim)
+    # the replay buffer lives on the training device and is sampled there, from this rank's own generator (a
+    # resumed run refills its buffer, so it draws from a new stream too, like its envs)
+    sample_seed = int(np.random.SeedSequence([args.seed, rank, start_iteration]).generate_state(1)[0])
+    rb = ReplayBuffer(sizes["local_buffer_size"], obs_dim, action_dim, device, sample_seed, run.pin)
     episode_return, episode_length = np.zeros(local_num_envs), np.zeros(local_num_envs, dtype=np.int64)
     # this rank's sums since the last logged step, by name: finished episodes, and the updates' losses
     losses = ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss", "actor_loss", "alpha_loss")
     sums = dict.fromkeys(("ep_return", "ep_length", "ep_count", "updates", "actor_updates", *losses), 0.0)
-    update_seconds = grad_sync_seconds = 0.0  # rank 0's time in updates and in the flat all-reduce, per log interval
+    update_seconds = 0.0  # rank 0's time in updates (on a GPU: in queueing them), per log interval
     num_iterations, preempted = sizes["num_iterations"], False
     rt.open_run(run, sizes, ckpt)  # check the sizes, claim the run directory, TensorBoard (W&B); SPS clock starts
 
@@ -261,8 +272,8 @@ def main() -> None:
             actions = np.random.uniform(action_low, action_high, (local_num_envs, action_dim)).astype(np.float32)
         else:
             with torch.no_grad():  # the unwrapped actor: acting must not go through DDP
-                actions, _, _ = actor(torch.as_tensor(obs, dtype=torch.float32, device=device))
-            actions = actions.cpu().numpy()
+                actions, _, _ = actor(to_device(obs, device, run.pin))
+            actions = actions.cpu().numpy()  # the one wait for the device per env step
 
         # TRY NOT TO MODIFY: execute the game and log data.
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
@@ -286,45 +297,23 @@ def main() -> None:
         if global_step > train_start:
             update_start = time.perf_counter()
             for _ in range(args.updates_per_iteration):
-                data = rb.sample(args.local_batch_size, device)
-                qf1_a_values, qf2_a_values, qf1_loss, qf2_loss = critic_loss(
-                    qf_model, qf_target, actor, **data, alpha=alpha, gamma=args.gamma
-                )
-                q_optimizer.zero_grad(set_to_none=False)
-                (qf1_loss + qf2_loss).backward()
-                if world_size > 1 and args.grad_sync == "flat":
-                    sync_start = time.perf_counter()
-                    all_reduce_gradients_flat(list(qf.parameters()), world_size)
-                    grad_sync_seconds += time.perf_counter() - sync_start
-                q_optimizer.step()
+                data = rb.sample(args.local_batch_size)
+                critic_stats = critic_step(data, qf_model, qf, qf_target, actor, q_optimizer, alpha, args, world_size)
                 num_updates += 1
                 sums["updates"] += 1
-                critic_stats = (qf1_a_values.mean(), qf2_a_values.mean(), qf1_loss, qf2_loss)
-                for k, v in zip(losses[:4], critic_stats, strict=True):
-                    sums[k] += v.detach().double()
+                for k, v in zip(losses[:4], critic_stats, strict=True):  # device tensors until the logged step
+                    sums[k] += v.double()
 
                 if num_updates % args.policy_frequency == 0:  # TD3's delayed update
                     for _ in range(args.policy_frequency):  # compensate for the delay with as many actor updates
-                        actor_loss = policy_loss(actor_model, qf, data["obs"], alpha)
-                        actor_optimizer.zero_grad(set_to_none=False)
-                        actor_loss.backward()
-                        if world_size > 1 and args.grad_sync == "flat":
-                            all_reduce_gradients_flat(list(actor.parameters()), world_size)
-                        actor_optimizer.step()
+                        actor_stats = actor_step(
+                            data["obs"], actor_model, actor, qf, actor_optimizer, log_alpha, alpha, a_optimizer, args,
+                            world_size, target_entropy
+                        )  # fmt: skip
                         num_actor_updates += 1
                         sums["actor_updates"] += 1
-                        sums["actor_loss"] += actor_loss.detach().double()
-
-                        if args.autotune:
-                            a_loss = temperature_loss(actor, log_alpha, data["obs"], target_entropy)
-                            a_optimizer.zero_grad(set_to_none=False)
-                            a_loss.backward()
-                            # CRUCIAL: log_alpha is outside every DDP wrapper; its gradient comes from this rank's
-                            # log-probabilities, so it is averaged by hand (on both --grad-sync paths)
-                            all_reduce_gradients_flat([log_alpha], world_size)
-                            a_optimizer.step()
-                            alpha = log_alpha.exp().item()
-                            sums["alpha_loss"] += a_loss.detach().double()
+                        for k, v in zip(losses[4:], actor_stats, strict=True):
+                            sums[k] += v.double()
 
                 # update the target networks: every rank, from its identical critics, after the same update
                 if num_updates % args.target_network_frequency == 0:
@@ -337,8 +326,10 @@ def main() -> None:
         last = iteration == num_iterations
         logging = bool(rt.steps_crossed(prev_step, global_step, args.log_every)) or last
         if logging:
-            m, sums = rt.all_sum(run, sums), dict.fromkeys(sums, 0.0)
-            scalars = {"losses/alpha": alpha, "charts/updates": num_updates, "charts/actor_updates": num_actor_updates}
+            # alpha (equal on every rank) rides in the same all-reduce: one read of the device per logged step
+            m, sums = rt.all_sum(run, sums | dict(alpha=alpha[0])), dict.fromkeys(sums, 0.0)
+            scalars = {"losses/alpha": m["alpha"] / world_size, "charts/updates": num_updates}
+            scalars["charts/actor_updates"] = num_actor_updates
             scalars["perf/update_seconds"] = update_seconds
             if m["updates"]:  # no losses in an interval without updates
                 scalars |= {f"losses/{k}": m[k] / m["updates"] for k in losses[:4]}
@@ -346,10 +337,8 @@ def main() -> None:
             if m["actor_updates"]:
                 actor_losses = ("actor_loss", "alpha_loss") if args.autotune else ("actor_loss",)
                 scalars |= {f"losses/{k}": m[k] / m["actor_updates"] for k in actor_losses}
-            if world_size > 1 and args.grad_sync == "flat":
-                scalars["perf/grad_sync_seconds"] = grad_sync_seconds
             rt.log(run, global_step, scalars, (m["ep_return"], m["ep_length"], m["ep_count"]))
-            update_seconds = grad_sync_seconds = 0.0
+            update_seconds = 0.0
         if rt.steps_crossed(prev_step, global_step, args.sync_check_every):  # targets and temperature too
             rt.check_replicas_in_sync(f"iteration {iteration}", world_size, *learned.values(), log_alpha)
 
@@ -375,34 +364,45 @@ def main() -> None:
     rt.finish(run, global_step, preempted, envs, eval_envs)
 
 
-# ALGO LOGIC: the replay buffer, the three losses and the gradient all-reduce (imported by the tests)
+# ALGO LOGIC: the replay buffer, the three losses, the two updates and the gradient all-reduce (imported by the tests)
 class ReplayBuffer:
-    """One rank's replay memory: a ring of `capacity` transitions, float32 observations (next_obs stored too)."""
+    """One rank's replay memory on `device`: a ring of `capacity` transitions, one float32 row each (obs,
+    next_obs, action, reward, termination), sampled there from a generator of its own seeded with `seed`."""
 
-    def __init__(self, capacity: int, obs_dim: int, action_dim: int):
-        self.capacity, self.pos, self.size = capacity, 0, 0
-        self.obs = np.zeros((capacity, obs_dim), dtype=np.float32)
-        self.next_obs = np.zeros((capacity, obs_dim), dtype=np.float32)
-        self.actions = np.zeros((capacity, action_dim), dtype=np.float32)
-        self.rewards = np.zeros(capacity, dtype=np.float32)
-        self.terminations = np.zeros(capacity, dtype=np.float32)
+    def __init__(self, capacity: int, obs_dim: int, action_dim: int, device, seed: int, pin: bool = False):
+        self.capacity, self.pos, self.size, self.pin = capacity, 0, 0, pin
+        self.widths = (obs_dim, obs_dim, action_dim, 1, 1)
+        self.rows = torch.zeros((capacity, sum(self.widths)), device=device)
+        self.generator = torch.Generator(device=device).manual_seed(seed)
 
     def add(self, obs, next_obs, actions, rewards, terminations) -> None:
-        """Store one step of every env (arrays of shape [num_envs, ...])."""
-        idx = (self.pos + np.arange(len(obs))) % self.capacity
-        self.obs[idx], self.next_obs[idx], self.actions[idx] = obs, next_obs, actions
-        self.rewards[idx], self.terminations[idx] = rewards, terminations
-        self.pos = int(idx[-1] + 1) % self.capacity
-        self.size = min(self.size + len(obs), self.capacity)
+        """Store one step of every env (host arrays of shape [num_envs, ...]) with one copy to the device."""
+        n = len(obs)
+        host = np.concatenate([obs, next_obs, actions, rewards[:, None], terminations[:, None]], axis=1)
+        idx = (self.pos + torch.arange(n, device=self.rows.device)) % self.capacity
+        self.rows[idx] = to_device(host, self.rows.device, self.pin)
+        self.pos = (self.pos + n) % self.capacity
+        self.size = min(self.size + n, self.capacity)
 
-    def sample(self, batch_size: int, device) -> dict:
-        """Uniform over the stored transitions, from this rank's NumPy stream."""
-        idx = np.random.randint(0, self.size, batch_size)
-        names = ("obs", "actions", "rewards", "next_obs", "terminations")
-        return {k: torch.as_tensor(getattr(self, k)[idx], device=device) for k in names}
+    def sample(self, batch_size: int) -> dict:
+        """Uniform over the stored transitions, drawn on the device: no wait for it."""
+        idx = torch.randint(0, self.size, (batch_size,), device=self.rows.device, generator=self.generator)
+        obs, next_obs, actions, rewards, terminations = self.rows[idx].split(self.widths, dim=1)
+        return dict(
+            obs=obs, actions=actions, rewards=rewards.view(-1), next_obs=next_obs, terminations=terminations.view(-1)
+        )
 
 
-def critic_loss(qf_model, qf_target, actor, obs, actions, rewards, next_obs, terminations, alpha: float, gamma: float):
+def to_device(array: np.ndarray, device, pin: bool) -> torch.Tensor:
+    """`array` as float32 on `device`, through page-locked memory when `pin` (then the copy does not make the host
+    wait). The staging tensor is new at each call: torch's caching host allocator does not hand it out again
+    before that copy has run. On CPU the result is the staging tensor itself."""
+    staging = torch.empty(array.shape, dtype=torch.float32, pin_memory=pin)
+    staging.numpy()[...] = array
+    return staging.to(device, non_blocking=pin)
+
+
+def critic_loss(qf_model, qf_target, actor, obs, actions, rewards, next_obs, terminations, alpha, gamma: float):
     """The twin soft-Q losses of one local batch; returns (qf1 values, qf2 values, qf1 loss, qf2 loss).
 
     `qf_model` is the DDP-wrapped TwinQ (or the plain one); the soft target comes from the target critics and
@@ -417,7 +417,7 @@ def critic_loss(qf_model, qf_target, actor, obs, actions, rewards, next_obs, ter
     return qf1_a_values, qf2_a_values, F.mse_loss(qf1_a_values, next_q_value), F.mse_loss(qf2_a_values, next_q_value)
 
 
-def policy_loss(actor_model, qf, obs, alpha: float):
+def policy_loss(actor_model, qf, obs, alpha):
     """The actor's loss on one local batch; `actor_model` is the DDP-wrapped actor (or the plain one).
 
     CRUCIAL: the critics are called unwrapped with their parameters frozen, so the actor's backward neither
@@ -435,6 +435,46 @@ def temperature_loss(actor, log_alpha, obs, target_entropy: float):
     with torch.no_grad():
         _, log_pi, _ = actor(obs)
     return (-log_alpha.exp() * (log_pi + target_entropy)).mean()
+
+
+def update_critics(data: dict, qf_model, qf, qf_target, actor, q_optimizer, alpha, args: Args, world_size: int):
+    """One step of the twin critics on this rank's batch `data`, gradients averaged over ranks (`qf_model`'s DDP
+    hooks, or the flat all-reduce). Returns (mean qf1 value, mean qf2 value, qf1 loss, qf2 loss), on the device."""
+    qf1_a_values, qf2_a_values, qf1_loss, qf2_loss = critic_loss(
+        qf_model, qf_target, actor, **data, alpha=alpha, gamma=args.gamma
+    )
+    q_optimizer.zero_grad(set_to_none=False)
+    (qf1_loss + qf2_loss).backward()
+    if world_size > 1 and args.grad_sync == "flat":
+        all_reduce_gradients_flat(list(qf.parameters()), world_size)
+    q_optimizer.step()
+    return torch.stack((qf1_a_values.mean(), qf2_a_values.mean(), qf1_loss, qf2_loss)).detach()
+
+
+def update_actor(
+    obs, actor_model, actor, qf, actor_optimizer, log_alpha, alpha, a_optimizer, args: Args, world_size: int,
+    target_entropy: float,
+):  # fmt: skip
+    """One step of the actor and (with --autotune) of the entropy temperature on this rank's `obs`; `alpha` (a
+    device tensor) is updated in place. Returns (actor loss, temperature loss), on the device."""
+    actor_loss = policy_loss(actor_model, qf, obs, alpha)
+    actor_optimizer.zero_grad(set_to_none=False)
+    actor_loss.backward()
+    if world_size > 1 and args.grad_sync == "flat":
+        all_reduce_gradients_flat(list(actor.parameters()), world_size)
+    actor_optimizer.step()
+    if not args.autotune:
+        return torch.stack((actor_loss.detach(), torch.zeros_like(actor_loss.detach())))
+    a_loss = temperature_loss(actor, log_alpha, obs, target_entropy)
+    a_optimizer.zero_grad(set_to_none=False)
+    a_loss.backward()
+    # CRUCIAL: log_alpha is outside every DDP wrapper; its gradient comes from this rank's log-probabilities,
+    # so it is averaged by hand (on both --grad-sync paths)
+    all_reduce_gradients_flat([log_alpha], world_size)
+    a_optimizer.step()
+    with torch.no_grad():
+        alpha.copy_(log_alpha.exp())
+    return torch.stack((actor_loss, a_loss)).detach()
 
 
 def all_reduce_gradients_flat(params, world_size: int) -> None:

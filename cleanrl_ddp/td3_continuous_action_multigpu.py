@@ -78,6 +78,8 @@ class Args(rt.RunArgs):
     """global steps between logged (all-reduced) metrics; a preemption signal is acted on at these steps"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
     """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
+    compile: bool = False
+    """if toggled, `torch.compile` the two update functions (on CUDA with CUDA graphs: mode reduce-overhead)"""
 
 
 def derive_sizes(args: Args, world_size: int) -> dict:
@@ -206,20 +208,28 @@ def main() -> None:
             obj.load_state_dict(ckpt[key])
         rt.resume_rng(run, ckpt, args.seed)  # each rank's own streams; at another world size, new ones
     ddp = world_size > 1 and args.grad_sync == "ddp"
-    # the actor's buffers (action scale and bias) are constants: no broadcast of them at every forward
-    actor_model = DDP(actor, forward_sync_buffers=False) if ddp else actor
+    # the actor's buffers (action scale and bias) are constants, equal on every rank: no broadcast at every forward
+    actor_model = DDP(actor, broadcast_buffers=False) if ddp else actor
     qf_model = DDP(qf) if ddp else qf
+    # --compile: the update functions below, compiled (CUDA graphs on CUDA, where the shapes are static)
+    compile_mode = "reduce-overhead" if device.type == "cuda" else None
+    critic_step, actor_step = update_critics, update_actor
+    if args.compile:
+        critic_step, actor_step = (torch.compile(f, mode=compile_mode) for f in (update_critics, update_actor))
     eval_envs = make_eval_envs(args, args.eval_episodes, rt.video_dir(run)) if run.is_main and args.eval_every else None
 
     # Envs are not checkpointed: a resumed run seeds its envs past the seeds earlier attempts used.
     env_seed0 = args.seed + rank * local_num_envs + (start_iteration - 1) * sizes["num_envs"]
     obs, _ = envs.reset(seed=[env_seed0 + i for i in range(local_num_envs)])
-    rb = ReplayBuffer(sizes["local_buffer_size"], obs_dim, action_dim)
+    # the replay buffer lives on the training device and is sampled there, from this rank's own generator (a
+    # resumed run refills its buffer, so it draws from a new stream too, like its envs)
+    sample_seed = int(np.random.SeedSequence([args.seed, rank, start_iteration]).generate_state(1)[0])
+    rb = ReplayBuffer(sizes["local_buffer_size"], obs_dim, action_dim, device, sample_seed, run.pin)
     episode_return, episode_length = np.zeros(local_num_envs), np.zeros(local_num_envs, dtype=np.int64)
     # this rank's sums since the last logged step, by name: finished episodes, and the updates' losses
     losses = ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss", "actor_loss")
     sums = dict.fromkeys(("ep_return", "ep_length", "ep_count", "updates", "actor_updates", *losses), 0.0)
-    update_seconds = grad_sync_seconds = 0.0  # rank 0's time in updates and in the flat all-reduce, per log interval
+    update_seconds = 0.0  # rank 0's time in updates (on a GPU: in queueing them), per log interval
     num_iterations, preempted = sizes["num_iterations"], False
     rt.open_run(run, sizes, ckpt)  # check the sizes, claim the run directory, TensorBoard (W&B); SPS clock starts
 
@@ -232,9 +242,9 @@ def main() -> None:
             actions = np.random.uniform(action_low, action_high, (local_num_envs, action_dim)).astype(np.float32)
         else:
             with torch.no_grad():  # the unwrapped actor: acting must not go through DDP; noise from this rank's stream
-                actions = actor(torch.as_tensor(obs, dtype=torch.float32, device=device))
+                actions = actor(to_device(obs, device, run.pin))
                 actions += torch.randn(actions.shape, device=device) * actor.action_scale * args.exploration_noise
-            actions = actions.cpu().numpy().clip(action_low, action_high)
+            actions = actions.cpu().numpy().clip(action_low, action_high)  # the one wait for the device per env step
 
         # TRY NOT TO MODIFY: execute the game and log data.
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
@@ -258,39 +268,20 @@ def main() -> None:
         if global_step > train_start:
             update_start = time.perf_counter()
             for _ in range(args.updates_per_iteration):
-                data = rb.sample(args.local_batch_size, device)
-                qf1_a_values, qf2_a_values, qf1_loss, qf2_loss = critic_loss(
-                    qf_model, qf_target, target_actor, **data, args=args
-                )
-                q_optimizer.zero_grad(set_to_none=False)
-                (qf1_loss + qf2_loss).backward()
-                if world_size > 1 and args.grad_sync == "flat":
-                    sync_start = time.perf_counter()
-                    all_reduce_gradients_flat(list(qf.parameters()), world_size)
-                    grad_sync_seconds += time.perf_counter() - sync_start
-                q_optimizer.step()
+                data = rb.sample(args.local_batch_size)
+                critic_stats = critic_step(data, qf_model, qf, qf_target, target_actor, q_optimizer, args, world_size)
                 num_updates += 1
                 sums["updates"] += 1
-                critic_stats = (qf1_a_values.mean(), qf2_a_values.mean(), qf1_loss, qf2_loss)
-                for k, v in zip(losses[:4], critic_stats, strict=True):
-                    sums[k] += v.detach().double()
+                for k, v in zip(losses[:4], critic_stats, strict=True):  # device tensors until the logged step
+                    sums[k] += v.double()
 
-                if num_updates % args.policy_frequency == 0:  # TD3's delayed update
-                    actor_loss = policy_loss(actor_model, qf, data["obs"])
-                    actor_optimizer.zero_grad(set_to_none=False)
-                    actor_loss.backward()
-                    if world_size > 1 and args.grad_sync == "flat":
-                        all_reduce_gradients_flat(list(actor.parameters()), world_size)
-                    actor_optimizer.step()
+                if num_updates % args.policy_frequency == 0:  # TD3's delayed update, then the target networks
+                    actor_loss = actor_step(
+                        data["obs"], actor_model, actor, qf, target_actor, qf_target, actor_optimizer, args, world_size
+                    )
                     num_actor_updates += 1
                     sums["actor_updates"] += 1
-                    sums["actor_loss"] += actor_loss.detach().double()
-
-                    # update the target networks: every rank, from its identical networks, after the same update
-                    with torch.no_grad():
-                        for net, target in ((actor, target_actor), (qf, qf_target)):
-                            for param, target_param in zip(net.parameters(), target.parameters(), strict=True):
-                                target_param.lerp_(param, args.tau)  # tau * param + (1 - tau) * target_param
+                    sums["actor_loss"] += actor_loss.double()
             update_seconds += time.perf_counter() - update_start
 
         # Metrics of ALL ranks every --log-every global steps, by name in one all-reduce (sums; rank 0 logs).
@@ -305,10 +296,8 @@ def main() -> None:
                 scalars["losses/qf_loss"] = (m["qf1_loss"] + m["qf2_loss"]) / m["updates"] / 2.0
             if m["actor_updates"]:
                 scalars["losses/actor_loss"] = m["actor_loss"] / m["actor_updates"]
-            if world_size > 1 and args.grad_sync == "flat":
-                scalars["perf/grad_sync_seconds"] = grad_sync_seconds
             rt.log(run, global_step, scalars, (m["ep_return"], m["ep_length"], m["ep_count"]))
-            update_seconds = grad_sync_seconds = 0.0
+            update_seconds = 0.0
         if rt.steps_crossed(prev_step, global_step, args.sync_check_every):  # the target networks too
             rt.check_replicas_in_sync(f"iteration {iteration}", world_size, *learned.values())
 
@@ -334,31 +323,42 @@ def main() -> None:
     rt.finish(run, global_step, preempted, envs, eval_envs)
 
 
-# ALGO LOGIC: the replay buffer, the two losses and the gradient all-reduce (imported by the tests)
+# ALGO LOGIC: the replay buffer, the two losses, the two updates and the gradient all-reduce (imported by the tests)
 class ReplayBuffer:
-    """One rank's replay memory: a ring of `capacity` transitions, float32 observations (next_obs stored too)."""
+    """One rank's replay memory on `device`: a ring of `capacity` transitions, one float32 row each (obs,
+    next_obs, action, reward, termination), sampled there from a generator of its own seeded with `seed`."""
 
-    def __init__(self, capacity: int, obs_dim: int, action_dim: int):
-        self.capacity, self.pos, self.size = capacity, 0, 0
-        self.obs = np.zeros((capacity, obs_dim), dtype=np.float32)
-        self.next_obs = np.zeros((capacity, obs_dim), dtype=np.float32)
-        self.actions = np.zeros((capacity, action_dim), dtype=np.float32)
-        self.rewards = np.zeros(capacity, dtype=np.float32)
-        self.terminations = np.zeros(capacity, dtype=np.float32)
+    def __init__(self, capacity: int, obs_dim: int, action_dim: int, device, seed: int, pin: bool = False):
+        self.capacity, self.pos, self.size, self.pin = capacity, 0, 0, pin
+        self.widths = (obs_dim, obs_dim, action_dim, 1, 1)
+        self.rows = torch.zeros((capacity, sum(self.widths)), device=device)
+        self.generator = torch.Generator(device=device).manual_seed(seed)
 
     def add(self, obs, next_obs, actions, rewards, terminations) -> None:
-        """Store one step of every env (arrays of shape [num_envs, ...])."""
-        idx = (self.pos + np.arange(len(obs))) % self.capacity
-        self.obs[idx], self.next_obs[idx], self.actions[idx] = obs, next_obs, actions
-        self.rewards[idx], self.terminations[idx] = rewards, terminations
-        self.pos = int(idx[-1] + 1) % self.capacity
-        self.size = min(self.size + len(obs), self.capacity)
+        """Store one step of every env (host arrays of shape [num_envs, ...]) with one copy to the device."""
+        n = len(obs)
+        host = np.concatenate([obs, next_obs, actions, rewards[:, None], terminations[:, None]], axis=1)
+        idx = (self.pos + torch.arange(n, device=self.rows.device)) % self.capacity
+        self.rows[idx] = to_device(host, self.rows.device, self.pin)
+        self.pos = (self.pos + n) % self.capacity
+        self.size = min(self.size + n, self.capacity)
 
-    def sample(self, batch_size: int, device) -> dict:
-        """Uniform over the stored transitions, from this rank's NumPy stream."""
-        idx = np.random.randint(0, self.size, batch_size)
-        names = ("obs", "actions", "rewards", "next_obs", "terminations")
-        return {k: torch.as_tensor(getattr(self, k)[idx], device=device) for k in names}
+    def sample(self, batch_size: int) -> dict:
+        """Uniform over the stored transitions, drawn on the device: no wait for it."""
+        idx = torch.randint(0, self.size, (batch_size,), device=self.rows.device, generator=self.generator)
+        obs, next_obs, actions, rewards, terminations = self.rows[idx].split(self.widths, dim=1)
+        return dict(
+            obs=obs, actions=actions, rewards=rewards.view(-1), next_obs=next_obs, terminations=terminations.view(-1)
+        )
+
+
+def to_device(array: np.ndarray, device, pin: bool) -> torch.Tensor:
+    """`array` as float32 on `device`, through page-locked memory when `pin` (then the copy does not make the host
+    wait). The staging tensor is new at each call: torch's caching host allocator does not hand it out again
+    before that copy has run. On CPU the result is the staging tensor itself."""
+    staging = torch.empty(array.shape, dtype=torch.float32, pin_memory=pin)
+    staging.numpy()[...] = array
+    return staging.to(device, non_blocking=pin)
 
 
 def critic_loss(qf_model, qf_target, target_actor, obs, actions, rewards, next_obs, terminations, args: Args):
@@ -390,6 +390,34 @@ def policy_loss(actor_model, qf, obs):
     qf1_pi = qf.qf1(obs, actor_model(obs))
     qf.requires_grad_(True)
     return -qf1_pi.mean()
+
+
+def update_critics(data: dict, qf_model, qf, qf_target, target_actor, q_optimizer, args: Args, world_size: int):
+    """One step of the twin critics on this rank's batch `data`, gradients averaged over ranks (`qf_model`'s DDP
+    hooks, or the flat all-reduce). Returns (mean qf1 value, mean qf2 value, qf1 loss, qf2 loss), on the device."""
+    qf1_a_values, qf2_a_values, qf1_loss, qf2_loss = critic_loss(qf_model, qf_target, target_actor, **data, args=args)
+    q_optimizer.zero_grad(set_to_none=False)
+    (qf1_loss + qf2_loss).backward()
+    if world_size > 1 and args.grad_sync == "flat":
+        all_reduce_gradients_flat(list(qf.parameters()), world_size)
+    q_optimizer.step()
+    return torch.stack((qf1_a_values.mean(), qf2_a_values.mean(), qf1_loss, qf2_loss)).detach()
+
+
+def update_actor(obs, actor_model, actor, qf, target_actor, qf_target, actor_optimizer, args: Args, world_size: int):
+    """One step of the actor on this rank's `obs`, then the Polyak update of both target networks (every rank,
+    from its identical networks, after the same update). Returns the actor loss, on the device."""
+    actor_loss = policy_loss(actor_model, qf, obs)
+    actor_optimizer.zero_grad(set_to_none=False)
+    actor_loss.backward()
+    if world_size > 1 and args.grad_sync == "flat":
+        all_reduce_gradients_flat(list(actor.parameters()), world_size)
+    actor_optimizer.step()
+    with torch.no_grad():
+        for net, target in ((actor, target_actor), (qf, qf_target)):
+            for param, target_param in zip(net.parameters(), target.parameters(), strict=True):
+                target_param.lerp_(param, args.tau)  # tau * param + (1 - tau) * target_param
+    return actor_loss.detach()
 
 
 def all_reduce_gradients_flat(params, world_size: int) -> None:

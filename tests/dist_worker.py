@@ -4,9 +4,10 @@
     torchrun ... tests/dist_worker.py observe OUTDIR cleanrl_ddp/<script>.py [script flags...]
     torchrun ... tests/dist_worker.py diverge OUTDIR cleanrl_ddp/<script>.py [script flags...]
 
-`unit` imports each listed script's own network, loss (ppo_loss or td_loss) and all_reduce_gradients_flat (and
-the run module's check_replicas_in_sync) and compares distributed updates with the single-process updates on
-the union of the local minibatches; one launch covers several scripts.
+`unit` imports each listed script's own network and update (PPO: ppo_loss and all_reduce_gradients_flat; DQN:
+update_q_network; SAC, TD3: update_critics and update_actor, also compiled) and the run module's
+check_replicas_in_sync, and compares distributed updates with the single-process updates on the union of the
+local minibatches; one launch covers several scripts.
 `observe` runs the real script unchanged (runpy, as `__main__`) and records from outside what every
 rank did: env seeds, env steps, sampled actions, RNG streams, optimizer steps, parameters before the
 first update, final parameters and optimizer state, the env step of every optimizer step, target networks
@@ -17,6 +18,7 @@ Each rank writes OUTDIR/rank{R}.pt (observe, diverge) or OUTDIR/<script>_unit_ra
 """
 
 import copy
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -238,17 +240,20 @@ def unit_script(script_path: str, rank: int, world_size: int) -> dict:
                 start = k * world_size * local_mb + rank * local_mb
                 rows = slice(start, start + local_mb)
             minibatch = (t[rows] for t in batch)
-            if spec.dqn:
-                loss, _ = mod.td_loss(model, target_network, *minibatch, args.gamma)
-            else:
-                loss, _ = mod.ppo_loss(model, *minibatch, args, world_size if distributed else 1)
+            if spec.dqn:  # the script's own update function; the gradients as its optimizer step sees them
+                data = dict(zip(("obs", "actions", "rewards", "next_obs", "terminated"), minibatch, strict=True))
+                run_args, ws = dataclasses.replace(args, grad_sync=grad_sync), world_size if distributed else 1
+                hook = optimizer.register_step_pre_hook(record_grads(grads))
+                mod.update_q_network(data, model, agent, target_network, optimizer, run_args, ws)
+                hook.remove()
+                continue
+            loss, _ = mod.ppo_loss(model, *minibatch, args, world_size if distributed else 1)
             optimizer.zero_grad(set_to_none=False)
             loss.backward()
             if distributed and grad_sync == "flat":
                 mod.all_reduce_gradients_flat(list(agent.parameters()), world_size)
             grads.append(flat_params(p.grad for p in agent.parameters()))
-            if not spec.dqn:
-                torch.nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+            torch.nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
             optimizer.step()
         return grads, flat_params(agent.parameters()), agent, optimizer
 
@@ -297,10 +302,11 @@ def unit_script(script_path: str, rank: int, world_size: int) -> dict:
 def unit_sac(script_path: str, rank: int, world_size: int) -> dict:
     """SAC's updates on 2 ranks (DDP and flat) against one process on the union of the local minibatches.
 
-    The script's own critic_loss, policy_loss, temperature_loss and all_reduce_gradients_flat, in the loop's
-    order: critic step; after every `policy_frequency`-th critic update that many actor and temperature steps;
-    a Polyak update of the target critics after each. The actor's Gaussian noise is a fixed table indexed by
-    (actor call, sample id), the id carried in observation feature 0, so both sides draw the same noise per sample.
+    The script's own update_critics and update_actor, in the loop's order: a critic update; after every
+    `policy_frequency`-th one that many actor (and temperature) updates; a Polyak update of the target critics
+    after each. The actor's Gaussian noise is a fixed table indexed by (actor call, sample id), the id carried in
+    observation feature 0, so both sides draw the same noise per sample. Then the same updates compiled, against
+    eager (`compiled_vs_eager`).
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -329,52 +335,43 @@ def unit_sac(script_path: str, rank: int, world_size: int) -> dict:
         calls[0] += 1
         return noise_table[calls[0] - 1, ids].reshape(shape)
 
-    def run(grad_sync: str, distributed: bool):
+    def run(grad_sync: str, distributed: bool, compiled: bool = False):
         actor, qf = copy.deepcopy(actor0), copy.deepcopy(qf0)
         qf_target = copy.deepcopy(qf0)
         hook = actor.register_forward_pre_hook(stash_input)
         ddp = distributed and grad_sync == "ddp"
-        actor_model = DDP(actor, forward_sync_buffers=False) if ddp else actor
+        actor_model = DDP(actor, broadcast_buffers=False) if ddp else actor
         qf_model = DDP(qf) if ddp else qf
         q_optimizer = torch.optim.Adam(qf.parameters(), lr=args.q_lr)
         actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.policy_lr)
         log_alpha = torch.zeros(1, requires_grad=True)
         a_optimizer = torch.optim.Adam([log_alpha], lr=args.q_lr)
-        alpha, ws = log_alpha.exp().item(), world_size if distributed else 1
-        flat = distributed and grad_sync == "flat"
+        alpha, ws = log_alpha.detach().exp(), world_size if distributed else 1
+        run_args = dataclasses.replace(args, grad_sync=grad_sync)
         grads = dict(qf=[], actor=[], log_alpha=[])
+        critic_step, actor_step = mod.update_critics, mod.update_actor  # the script's own update functions
+        if compiled:  # as the script compiles them under --compile (backend: see COMPILE_BACKEND)
+            torch._dynamo.reset()
+            critic_step, actor_step = (torch.compile(f, backend=COMPILE_BACKEND) for f in (critic_step, actor_step))
+        else:  # each optimizer's (averaged) gradients, as its step sees them
+            for name, opt in (("qf", q_optimizer), ("actor", actor_optimizer), ("log_alpha", a_optimizer)):
+                opt.register_step_pre_hook(record_grads(grads[name]))
         critic_grads_touched = False
         calls[0] = 0
         for k in range(num_updates):
             start = k * world_size * local_mb + (rank * local_mb if distributed else 0)
             rows = slice(start, start + (local_mb if distributed else world_size * local_mb))
             data = {key: t[rows] for key, t in batch.items()}
-            losses = mod.critic_loss(qf_model, qf_target, actor, **data, alpha=alpha, gamma=args.gamma)
-            qf1_loss, qf2_loss = losses[2:]
-            q_optimizer.zero_grad(set_to_none=False)
-            (qf1_loss + qf2_loss).backward()
-            if flat:
-                mod.all_reduce_gradients_flat(list(qf.parameters()), ws)
-            grads["qf"].append(flat_params(p.grad for p in qf.parameters()))
-            q_optimizer.step()
+            critic_step(data, qf_model, qf, qf_target, actor, q_optimizer, alpha, run_args, ws)
+            critic_grads = flat_params(p.grad for p in qf.parameters())
             if (k + 1) % args.policy_frequency == 0:
                 for _ in range(args.policy_frequency):
-                    actor_loss = mod.policy_loss(actor_model, qf, data["obs"], alpha)
-                    actor_optimizer.zero_grad(set_to_none=False)
-                    actor_loss.backward()
-                    critic_grads = flat_params(p.grad for p in qf.parameters())
-                    critic_grads_touched |= not torch.equal(critic_grads, grads["qf"][-1])
-                    if flat:
-                        mod.all_reduce_gradients_flat(list(actor.parameters()), ws)
-                    grads["actor"].append(flat_params(p.grad for p in actor.parameters()))
-                    actor_optimizer.step()
-                    a_loss = mod.temperature_loss(actor, log_alpha, data["obs"], -float(action_dim))
-                    a_optimizer.zero_grad(set_to_none=False)
-                    a_loss.backward()
-                    mod.all_reduce_gradients_flat([log_alpha], ws)  # the script's call, on both paths
-                    grads["log_alpha"].append(log_alpha.grad.detach().clone())
-                    a_optimizer.step()
-                    alpha = log_alpha.exp().item()
+                    actor_step(
+                        data["obs"], actor_model, actor, qf, actor_optimizer, log_alpha, alpha, a_optimizer, run_args,
+                        ws, -float(action_dim),
+                    )  # fmt: skip
+                    # the actor's backward leaves the critics' gradients as the critic update left them
+                    critic_grads_touched |= not torch.equal(flat_params(p.grad for p in qf.parameters()), critic_grads)
             with torch.no_grad():
                 for param, target_param in zip(qf.parameters(), qf_target.parameters(), strict=True):
                     target_param.lerp_(param, args.tau)
@@ -408,16 +405,17 @@ def unit_sac(script_path: str, rank: int, world_size: int) -> dict:
             )
     finally:
         torch.randn = real_randn
+    out |= compiled_vs_eager(run, ("qf", "actor", "log_alpha", "qf_target"))
     return out
 
 
 def unit_td3(script_path: str, rank: int, world_size: int) -> dict:
     """TD3's updates on 2 ranks (DDP and flat) against one process on the union of the local minibatches.
 
-    The script's own critic_loss, policy_loss and all_reduce_gradients_flat, in the loop's order: critic step;
-    after every `policy_frequency`-th critic update an actor step and a Polyak update of the target actor and
-    critics. The target policy smoothing noise is a fixed table indexed by the transition's row in the global
-    batch, so both sides draw the same noise for the same transition.
+    The script's own update_critics and update_actor, in the loop's order: a critic update; after every
+    `policy_frequency`-th one an actor update with the Polyak update of the target actor and critics. The target
+    policy smoothing noise is a fixed table indexed by the transition's row in the global batch, so both sides draw
+    the same noise for the same transition. Then the same updates compiled, against eager (`compiled_vs_eager`).
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -440,43 +438,34 @@ def unit_td3(script_path: str, rank: int, world_size: int) -> dict:
         calls[0] += 1
         return noise_table[rows[0]].reshape(shape)
 
-    def run(grad_sync: str, distributed: bool):
+    def run(grad_sync: str, distributed: bool, compiled: bool = False):
         actor, qf = copy.deepcopy(actor0), copy.deepcopy(qf0)
         target_actor, qf_target = copy.deepcopy(actor0), copy.deepcopy(qf0)
         ddp = distributed and grad_sync == "ddp"
-        actor_model = DDP(actor, forward_sync_buffers=False) if ddp else actor
+        actor_model = DDP(actor, broadcast_buffers=False) if ddp else actor
         qf_model = DDP(qf) if ddp else qf
         q_optimizer = torch.optim.Adam(qf.parameters(), lr=args.learning_rate)
         actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.learning_rate)
-        ws, flat = world_size if distributed else 1, distributed and grad_sync == "flat"
+        ws, run_args = world_size if distributed else 1, dataclasses.replace(args, grad_sync=grad_sync)
         grads = dict(qf=[], actor=[])
+        critic_step, actor_step = mod.update_critics, mod.update_actor  # the script's own update functions
+        if compiled:  # as the script compiles them under --compile (backend: see COMPILE_BACKEND)
+            torch._dynamo.reset()
+            critic_step, actor_step = (torch.compile(f, backend=COMPILE_BACKEND) for f in (critic_step, actor_step))
+        else:  # each optimizer's (averaged) gradients, as its step sees them
+            for name, opt in (("qf", q_optimizer), ("actor", actor_optimizer)):
+                opt.register_step_pre_hook(record_grads(grads[name]))
         critic_grads_touched = False
         calls[0] = 0
         for k in range(num_updates):
             start = k * world_size * local_mb + (rank * local_mb if distributed else 0)
             rows[0] = slice(start, start + (local_mb if distributed else world_size * local_mb))
             data = {key: t[rows[0]] for key, t in batch.items()}
-            qf1_loss, qf2_loss = mod.critic_loss(qf_model, qf_target, target_actor, **data, args=args)[2:]
-            q_optimizer.zero_grad(set_to_none=False)
-            (qf1_loss + qf2_loss).backward()
-            if flat:
-                mod.all_reduce_gradients_flat(list(qf.parameters()), ws)
-            grads["qf"].append(flat_params(p.grad for p in qf.parameters()))
-            q_optimizer.step()
-            if (k + 1) % args.policy_frequency == 0:
-                actor_loss = mod.policy_loss(actor_model, qf, data["obs"])
-                actor_optimizer.zero_grad(set_to_none=False)
-                actor_loss.backward()
-                critic_grads = flat_params(p.grad for p in qf.parameters())
-                critic_grads_touched |= not torch.equal(critic_grads, grads["qf"][-1])
-                if flat:
-                    mod.all_reduce_gradients_flat(list(actor.parameters()), ws)
-                grads["actor"].append(flat_params(p.grad for p in actor.parameters()))
-                actor_optimizer.step()
-                with torch.no_grad():
-                    for net, target in ((actor, target_actor), (qf, qf_target)):
-                        for param, target_param in zip(net.parameters(), target.parameters(), strict=True):
-                            target_param.lerp_(param, args.tau)
+            critic_step(data, qf_model, qf, qf_target, target_actor, q_optimizer, run_args, ws)
+            critic_grads = flat_params(p.grad for p in qf.parameters())
+            if (k + 1) % args.policy_frequency == 0:  # the actor, then both target networks
+                actor_step(data["obs"], actor_model, actor, qf, target_actor, qf_target, actor_optimizer, run_args, ws)
+                critic_grads_touched |= not torch.equal(flat_params(p.grad for p in qf.parameters()), critic_grads)
         final = dict(qf=flat_params(qf.parameters()), actor=flat_params(actor.parameters()))
         final |= dict(
             qf_target=flat_params(qf_target.parameters()), target_actor=flat_params(target_actor.parameters())
@@ -508,6 +497,37 @@ def unit_td3(script_path: str, rank: int, world_size: int) -> dict:
             )
     finally:
         torch.randn = real_randn
+    out |= compiled_vs_eager(run, ("qf", "actor", "qf_target", "target_actor"))
+    return out
+
+
+def record_grads(into: list):
+    """An optimizer step pre-hook that appends the optimizer's gradients, flattened, to `into`."""
+
+    def hook(optimizer, args, kwargs):
+        into.append(flat_params(p.grad for group in optimizer.param_groups for p in group["params"]))
+
+    return hook
+
+
+# torch.compile's backend in the --compile checks: "aot_eager" traces the update functions as inductor does (Dynamo's
+# graphs and graph breaks, DDP's graph splitting, AOTAutograd's forward and backward) and runs the traced aten graphs;
+# inductor's code generation alone is left to benchmark/gpu_check.py: it takes over two minutes per update function
+# on the 2-core CI machine (tests/dist_worker.py's docstring has the figures)
+COMPILE_BACKEND = "aot_eager"
+
+
+def compiled_vs_eager(run, names) -> dict:
+    """The script's update functions compiled against eager, on the same data and noise (torch's own stream, seeded
+    alike) at 1 rank and at 2 (DDP and flat): the largest relative difference of any final quantity, per case."""
+    out = {}
+    for grad_sync, distributed in (("ddp", False), ("ddp", True), ("flat", True)):
+        finals = []
+        for compiled in (False, True):
+            torch.manual_seed(7)
+            finals.append(run(grad_sync, distributed, compiled)[1])
+        case = f"{grad_sync}_2ranks" if distributed else "1rank"
+        out[f"compiled_vs_eager_{case}_rel_err"] = max(rel_err(finals[1][k], finals[0][k]) for k in names)
     return out
 
 
