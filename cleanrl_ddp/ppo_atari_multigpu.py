@@ -95,6 +95,8 @@ class Args(rt.RunArgs):
     """store conv weights and activations channels-last (NHWC): faster convolutions, same math"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
     """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
+    compile: bool = False
+    """if toggled, `torch.compile` the minibatch loss and its backward (CUDA: with CUDA graphs, mode reduce-overhead)"""
 
 
 def derive_sizes(args: Args, world_size: int) -> dict:
@@ -250,6 +252,8 @@ def main() -> None:
         optimizer.load_state_dict(ckpt["optimizer"])
         rt.resume_rng(run, ckpt, args.seed)  # each rank's own streams; at another world size, new ones
     model = DDP(agent) if world_size > 1 and args.grad_sync == "ddp" else agent
+    # --compile: ppo_loss compiled, and through AOTAutograd its backward too (CUDA graphs on CUDA: static shapes)
+    loss_fn = torch.compile(ppo_loss, mode="reduce-overhead" if run.pin else None) if args.compile else ppo_loss
     eval_envs = make_eval_envs(args, args.eval_episodes, rt.video_dir(run)) if run.is_main and args.eval_every else None
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.precision == "bf16" else nullcontext()
 
@@ -339,7 +343,7 @@ def main() -> None:
             for start in range(0, local_batch_size, local_minibatch_size):
                 mb_inds = b_inds[start : start + local_minibatch_size]
                 with autocast:
-                    loss, mb_stats = ppo_loss(model, *(b[mb_inds] for b in batch), args, world_size)
+                    loss, mb_stats = loss_fn(model, *(b[mb_inds] for b in batch), args, world_size)
                 optimizer.zero_grad(set_to_none=False)
                 loss.backward()
                 if world_size > 1 and args.grad_sync == "flat":

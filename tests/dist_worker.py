@@ -225,8 +225,9 @@ def unit_script(script_path: str, rank: int, world_size: int) -> dict:
     # DQN: the target network is the start's online network (as in the script), fixed during these updates
     target_network = copy.deepcopy(agent0)
 
-    def run(grad_sync: str, distributed: bool):
+    def run(grad_sync: str, distributed: bool, compiled: bool = False):
         """`num_updates` updates the way the script makes them; returns (grads before clipping, final params)."""
+        loss_fn = torch.compile(mod.ppo_loss, backend=COMPILE_BACKEND) if compiled else getattr(mod, "ppo_loss", None)
         agent = copy.deepcopy(agent0)
         model = DDP(agent) if distributed and grad_sync == "ddp" else agent
         if spec.dqn:  # the script's optimizer: Adam with its default eps, no gradient clipping
@@ -247,7 +248,7 @@ def unit_script(script_path: str, rank: int, world_size: int) -> dict:
                 mod.update_q_network(data, model, agent, target_network, optimizer, run_args, ws)
                 hook.remove()
                 continue
-            loss, _ = mod.ppo_loss(model, *minibatch, args, world_size if distributed else 1)
+            loss, _ = loss_fn(model, *minibatch, args, world_size if distributed else 1)
             optimizer.zero_grad(set_to_none=False)
             loss.backward()
             if distributed and grad_sync == "flat":
@@ -269,6 +270,8 @@ def unit_script(script_path: str, rank: int, world_size: int) -> dict:
         out[f"{grad_sync}_update_rel_err"] = rel_err(params - start, ref_params - start)
         out[f"{grad_sync}_moved"] = float((ref_params - start).norm())
     out["ddp_vs_flat_update_rel_err"] = rel_err(finals["ddp"] - start, finals["flat"] - start)
+    if hasattr(args, "compile") and not spec.dqn:  # --compile (the Atari PPO): its compiled loss against eager
+        out |= compiled_vs_eager(lambda *case: (None, dict(agent=run(*case)[1])), ("agent",))
     out["ddp_vs_flat_max_abs_diff"] = float((finals["ddp"] - finals["flat"]).abs().max())
 
     # --sync-check-every: in-sync replicas pass; one ulp of one parameter, or of Adam's state, on rank 1 is caught

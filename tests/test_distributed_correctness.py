@@ -404,6 +404,14 @@ def test_compiled_updates_match_eager(request, script):
             assert r[f"compiled_vs_eager_{case}_rel_err"] < 1e-4, (case, r)
 
 
+# The Atari PPO's --compile compiles ppo_loss (its backward through AOTAutograd), as tests/dist_worker.py does here.
+@pytest.mark.parametrize("unit", ["ppo_atari_multigpu.py"], indirect=True)
+def test_compiled_ppo_loss_matches_eager(unit):
+    for r in unit:
+        for case in ("1rank", "ddp_2ranks", "flat_2ranks"):
+            assert r[f"compiled_vs_eager_{case}_rel_err"] < 1e-4, (case, r)
+
+
 # 8. Odd world sizes (the 3-rank runs above) and two nodes
 @pytest.mark.parametrize(**per_script(lambda spec: spec.two_nodes))
 def test_two_nodes(tmp_path_factory, script):
