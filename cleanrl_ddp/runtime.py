@@ -1,16 +1,10 @@
 """Run plumbing shared by every cleanrl_ddp script, in the order a script calls it: start, resume, seeding,
 open the run, the loop's collectives and logging, checkpoints, finish, exit codes. docs/runtime.md describes it.
 
-Nothing here is about the algorithm. Plain functions and small dataclasses: a script calls them in one
-line where the thing happens, and nothing here calls back into the script. The algorithm and every
-data-parallel decision (sizes, seeds, the initial broadcast, DDP or the flat all-reduce, which
-metrics are reduced) stay in the scripts. What no script calls lives beside it: the launcher, signals, device
-and threads in launch.py, the checkpoint file in checkpoint.py, env state as data in env_state.py.
-
-Every script offers the same evaluation interface, which `cleanrl_ddp/evaluate.py` uses:
-    make_eval_envs(args, num_envs, video_dir=None)  -> rank 0's separate evaluation envs
-    load_agent(ckpt, device)                        -> the `agent` that `evaluate` takes
-    evaluate(agent, eval_envs, args, greedy, seed, device, video_name=None) -> (returns, lengths, video)
+Plain functions and small dataclasses, called in one line where the thing happens; nothing here calls back
+into a script, and the algorithm and every data-parallel decision stay in the scripts. What no script calls
+lives beside it: launch.py (launcher, signals, device, threads), checkpoint.py, env_state.py. The evaluation
+interface every script offers (`make_eval_envs`, `load_agent`, `evaluate`) is described in docs/runtime.md.
 """
 
 import json
