@@ -36,17 +36,22 @@ RETURN_TAG = "charts/episodic_return"
 DONE_FILE = "harness.json"
 
 
-def run_name(script: str, env_id: str, world_size: int, seed: int) -> str:
-    return f"{env_id.replace('/', '-')}__{Path(script).stem}__ws{world_size}__seed{seed}"
+def config_name(world_size: int, label: str | None = None) -> str:
+    """A configuration's name in run names, tables and legends: `--label` when given, else `ws{world size}`."""
+    return label or f"ws{world_size}"
 
 
-def run_command(script, env_id, seed, world_size, runs_dir, extra, portable=False) -> list[str]:
+def run_name(script: str, env_id: str, world_size: int, seed: int, label: str | None = None) -> str:
+    return f"{env_id.replace('/', '-')}__{Path(script).stem}__{config_name(world_size, label)}__seed{seed}"
+
+
+def run_command(script, env_id, seed, world_size, runs_dir, extra, portable=False, label=None) -> list[str]:
     """The run's command line; `portable` names `python`/`torchrun` from PATH (for job scripts elsewhere)."""
     launcher = ["python"] if portable else [sys.executable]
     if world_size > 1:
         torchrun = ["torchrun"] if portable else [sys.executable, "-m", "torch.distributed.run"]
         launcher = [*torchrun, "--standalone", f"--nproc_per_node={world_size}"]
-    name = run_name(script, env_id, world_size, seed)
+    name = run_name(script, env_id, world_size, seed, label)
     tail = ["--env-id", env_id, "--seed", str(seed), "--runs-dir", runs_dir, "--run-name", name]
     return [*launcher, script, *extra, *tail]
 
@@ -59,7 +64,15 @@ def rank_threads(world_size: int, cores=None) -> int:
 
 def grid(args) -> list[dict]:
     return [
-        dict(script=args.script, env_id=env_id, seed=seed, world_size=ws, name=run_name(args.script, env_id, ws, seed))
+        dict(
+            script=args.script,
+            env_id=env_id,
+            seed=seed,
+            world_size=ws,
+            label=args.label,
+            config=config_name(ws, args.label),
+            name=run_name(args.script, env_id, ws, seed, args.label),
+        )
         for env_id in args.env_ids
         for ws in args.world_sizes
         for seed in args.seeds
@@ -68,7 +81,7 @@ def grid(args) -> list[dict]:
 
 def execute(run: dict, runs_dir: str, extra: list[str], timeout: float | None) -> dict:
     """Run one command, its output to `<runs_dir>/<name>.log`; on success write harness.json."""
-    cmd = run_command(run["script"], run["env_id"], run["seed"], run["world_size"], runs_dir, extra)
+    cmd = run_command(run["script"], run["env_id"], run["seed"], run["world_size"], runs_dir, extra, label=run["label"])
     log_path = Path(runs_dir) / f"{run['name']}.log"
     start = time.time()
     with open(log_path, "w") as log:
@@ -101,7 +114,9 @@ def slurm_array(runs: list[dict], runs_dir: str, extra: list[str]) -> str:
         "cmds=(",
     ]
     for run in runs:
-        cmd = run_command(run["script"], run["env_id"], run["seed"], run["world_size"], runs_dir, extra, portable=True)
+        cmd = run_command(
+            run["script"], run["env_id"], run["seed"], run["world_size"], runs_dir, extra, True, run["label"]
+        )
         lines.append("  " + shlex.quote(shlex.join(cmd)))
     lines += [")", 'eval "${cmds[$SLURM_ARRAY_TASK_ID]}"', ""]
     return "\n".join(lines)
@@ -272,6 +287,12 @@ def main(argv=None) -> int:
     run.add_argument("--env-ids", nargs="+", required=True, help="env ids, each passed as --env-id")
     run.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], help="seeds, each passed as --seed")
     run.add_argument("--world-sizes", nargs="+", type=int, default=[1], help="processes per run (torchrun above 1)")
+    run.add_argument(
+        "--label",
+        default=None,
+        help="the configuration's name in run names and the report (default ws{N}); give one per configuration "
+        "when two configurations share a world size, e.g. --label ws2-same-batch -- --num-steps 1024",
+    )
     run.add_argument("--runs-dir", default="runs/benchmark", help="where run directories and logs go")
     run.add_argument("--jobs", type=int, default=1, help="how many runs at a time")
     run.add_argument("--timeout", type=float, default=None, help="seconds after which a run is killed")
@@ -282,6 +303,8 @@ def main(argv=None) -> int:
     report.add_argument("--out", required=True, help="output directory, e.g. docs/benchmarks/cartpole")
     args = parser.parse_args(argv)
     if args.command == "run":
+        if args.label and len(args.world_sizes) > 1:
+            parser.error("--label names one configuration: give it one world size")
         args.extra = args.extra[1:] if args.extra[:1] == ["--"] else args.extra
         return cmd_run(args)
     return cmd_report(args)
