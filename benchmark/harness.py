@@ -33,7 +33,10 @@ import numpy as np
 from benchmark.events import read_scalar_events
 
 RETURN_TAG = "charts/episodic_return"
+EPISODES_TAG = "charts/episodes"  # how many episodes each logged return is the mean of
 DONE_FILE = "harness.json"
+PUBLISHED = Path(__file__).with_name("published_returns.csv")
+FINAL_EPISODES = 100  # CleanRL's final return: the mean of each run's last 100 episodes (openrlbenchmark's default)
 
 
 def config_name(world_size: int, label: str | None = None) -> str:
@@ -156,6 +159,7 @@ def collect(runs_dir) -> list[dict]:
                         script=Path(meta["script"]).stem,
                         env_id=meta["env_id"],
                         world_size=meta["world_size"],
+                        config=meta.get("config") or config_name(meta["world_size"]),
                         seed=meta["seed"],
                         run=meta["name"],
                         tag=tag,
@@ -168,7 +172,7 @@ def collect(runs_dir) -> list[dict]:
 
 
 def series(rows, tag):
-    """{(script, env_id, world_size): {seed: (steps, times, values)}} for one tag."""
+    """{(script, env_id, world_size, config): {seed: (steps, times, values)}} for one tag."""
     out = defaultdict(dict)
     for (key, seed), items in _group(rows, tag).items():
         items.sort(key=lambda r: r["step"])
@@ -180,7 +184,7 @@ def _group(rows, tag):
     groups = defaultdict(list)
     for r in rows:
         if r["tag"] == tag:
-            groups[((r["script"], r["env_id"], r["world_size"]), r["seed"])].append(r)
+            groups[((r["script"], r["env_id"], int(r["world_size"]), r["config"]), r["seed"])].append(r)
     return groups
 
 
@@ -192,12 +196,44 @@ def mean_curve(per_seed: dict, x_index: int, points: int = 200):
     return grid_x, ys.mean(0), ys.std(0)
 
 
-def final_return(values: np.ndarray) -> float:
-    """The mean of the last 10% of a run's logged returns (at least one point)."""
-    return float(values[-max(1, len(values) // 10) :].mean())
+def final_return(returns: np.ndarray, counts: np.ndarray, episodes: int = FINAL_EPISODES) -> float:
+    """The mean return of a run's last `episodes` episodes, CleanRL's final return.
+
+    Each logged return is the mean of `counts` episodes (one iteration's, over all ranks), so the last
+    logged points are weighted by their counts, and the oldest of them only by the episodes still needed.
+    """
+    weights = np.zeros(len(returns))
+    needed = float(episodes)
+    for i in range(len(returns) - 1, -1, -1):
+        weights[i] = min(counts[i], needed)
+        needed -= weights[i]
+        if needed <= 0:
+            break
+    return float(np.dot(weights, returns) / weights.sum())
 
 
-def plot_curves(rows, out: Path) -> list[Path]:
+def episode_counts(rows, returns: dict) -> dict:
+    """Per key and seed, the episode count of each logged return (1 each where a run did not log counts)."""
+    counts = series(rows, EPISODES_TAG)
+    out = defaultdict(dict)
+    for key, per_seed in returns.items():
+        for seed, (steps, _, _) in per_seed.items():
+            by_step = dict(zip(*counts.get(key, {}).get(seed, ((), (), ()))[::2], strict=True))
+            out[key][seed] = np.array([by_step.get(step, 1.0) for step in steps])
+    return out
+
+
+def read_published(path=PUBLISHED) -> dict:
+    """{(script, env_id): row} of published final returns (mean, std over seeds) to compare against."""
+    if not Path(path).is_file():
+        return {}
+    with open(path, newline="") as f:
+        return {(r["script"], r["env_id"]): r for r in csv.DictReader(line for line in f if not line.startswith("#"))}
+
+
+def plot_curves(rows, out: Path, published: dict) -> list[Path]:
+    """One figure per (script, env): each configuration's mean ± std over seeds, against global steps and wall time,
+    with the published final return (mean ± std) where there is one."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -206,18 +242,23 @@ def plot_curves(rows, out: Path) -> list[Path]:
     curves = series(rows, RETURN_TAG)
     paths = []
     by_plot = defaultdict(dict)
-    for (script, env_id, ws), per_seed in curves.items():
-        by_plot[(script, env_id)][ws] = per_seed
-    for (script, env_id), per_ws in sorted(by_plot.items()):
-        fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-        for ws, per_seed in sorted(per_ws.items()):
+    for (script, env_id, ws, config), per_seed in curves.items():
+        by_plot[(script, env_id)][(ws, config)] = per_seed
+    for (script, env_id), per_config in sorted(by_plot.items()):
+        fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+        for (ws, config), per_seed in sorted(per_config.items()):
             for ax, x_index, xlabel in ((axes[0], 0, "global env steps"), (axes[1], 1, "wall time (s)")):
                 x, mean, std = mean_curve(per_seed, x_index)
-                ax.plot(x, mean, label=f"world size {ws} ({len(per_seed)} seeds)")
+                ax.plot(x, mean, label=f"{config} (world size {ws}, {len(per_seed)} seeds)")
                 ax.fill_between(x, mean - std, mean + std, alpha=0.2)
                 ax.set_xlabel(xlabel)
+        if (script, env_id) in published:
+            ref = published[(script, env_id)]
+            mean, std = float(ref["mean"]), float(ref["std"])
+            axes[0].axhline(mean, color="black", linestyle="--", linewidth=1, label=f"{ref['label']}: final return")
+            axes[0].axhspan(mean - std, mean + std, color="black", alpha=0.08)
         axes[0].set_ylabel("episodic return")
-        axes[0].legend(loc="lower right", fontsize=8)
+        axes[0].legend(loc="lower right", fontsize=7)
         fig.suptitle(f"{script} on {env_id} (mean ± std over seeds)")
         fig.tight_layout()
         path = out / f"{script}__{env_id.replace('/', '-')}.png"
@@ -234,29 +275,48 @@ def portable(command: str) -> str:
     return shlex.join(words)
 
 
-def markdown_table(rows, runs_dir) -> str:
+def markdown_table(rows, runs_dir, published: dict) -> str:
     meta = {json.loads(p.read_text())["name"]: json.loads(p.read_text()) for p in Path(runs_dir).glob(f"*/{DONE_FILE}")}
     returns, sps = series(rows, RETURN_TAG), series(rows, "charts/SPS")
-    lines = ["| script | env | world size | seeds | steps | final return | SPS (median) | wall time (min) |"]
-    lines.append("|---|---|---|---|---|---|---|---|")
+    counts = episode_counts(rows, returns)
+    lines = [
+        "| script | env | configuration | world size | seeds | steps | final return | published | "
+        "SPS (median) | wall time (min) |"
+    ]
+    lines.append("|---|---|---|---|---|---|---|---|---|---|")
     for key in sorted(returns):
-        script, env_id, ws = key
-        finals = [final_return(v) for _, _, v in returns[key].values()]
+        script, env_id, ws, config = key
+        finals = [final_return(v, counts[key][seed]) for seed, (_, _, v) in returns[key].items()]
         sps_med = [float(np.median(v[len(v) // 10 :])) for _, _, v in sps.get(key, {}).values()]
         walls = [
             m["wall_time_s"] / 60
             for m in meta.values()
-            if (Path(m["script"]).stem, m["env_id"], m["world_size"]) == key
+            if (Path(m["script"]).stem, m["env_id"], m["world_size"], m.get("config") or config_name(m["world_size"]))
+            == key
         ]
         steps = int(min(s[-1] for s, _, _ in returns[key].values()))
+        ref = published.get((script, env_id))
+        versus = "–"
+        if ref:
+            mean, std = float(ref["mean"]), float(ref["std"])
+            inside = "inside" if abs(np.mean(finals) - mean) <= 2 * std else "outside"
+            versus = f"{mean:.1f} ± {std:.1f} ({ref['label']}; ours {inside} ± 2 std)"
         lines.append(
-            f"| {script} | {env_id} | {ws} | {len(finals)} | {steps} | {np.mean(finals):.1f} ± {np.std(finals):.1f} "
-            f"| {np.mean(sps_med):.0f} | {np.mean(walls):.1f} |"
+            f"| {script} | {env_id} | {config} | {ws} | {len(finals)} | {steps} | "
+            f"{np.mean(finals):.1f} ± {np.std(finals):.1f} | {versus} | {np.mean(sps_med):.0f} | {np.mean(walls):.1f} |"
         )
     commands = sorted({portable(m["command"]) for m in meta.values()})
     machines = sorted({m["machine"] for m in meta.values()})
-    lines += ["", "Final return: mean ± std over seeds of each run's mean over its last 10% of logged iterations.", ""]
-    lines += [f"Machine: {', '.join(machines)}. Finished: {max(m['finished'] for m in meta.values())}.", ""]
+    lines += [
+        "",
+        f"Final return: each run's mean return over its last {FINAL_EPISODES} episodes (CleanRL's, as openrlbenchmark "
+        "computes it; a logged return is the mean of one iteration's episodes, weighted by their count), then mean "
+        "± std (numpy's, ddof 0) over seeds.",
+    ]
+    shown = {key[:2] for key in returns}
+    sources = sorted({f"{r['label']}: {r['source']}" for key, r in published.items() if key in shown})
+    lines += ["", *(f"Published: {source}." for source in sources)] if sources else []
+    lines += ["", f"Machine: {', '.join(machines)}. Finished: {max(m['finished'] for m in meta.values())}.", ""]
     lines += ["Commands:", "", "```bash", *commands, "```", ""]
     return "\n".join(lines)
 
@@ -272,8 +332,9 @@ def cmd_report(args) -> int:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    plots = plot_curves(rows, out)
-    table = markdown_table(rows, args.runs_dir)
+    published = read_published(args.published)
+    plots = plot_curves(rows, out, published)
+    table = markdown_table(rows, args.runs_dir, published)
     (out / "results.md").write_text(table + "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n")
     print(f"wrote {out / 'scalars.csv.gz'} ({len(rows)} rows), {len(plots)} plot(s), {out / 'results.md'}")
     return 0
@@ -301,6 +362,11 @@ def main(argv=None) -> int:
     report = sub.add_parser("report", help="tidy CSV, learning curves and a markdown table of complete runs")
     report.add_argument("--runs-dir", default="runs/benchmark", help="the directory the runs were written to")
     report.add_argument("--out", required=True, help="output directory, e.g. docs/benchmarks/cartpole")
+    report.add_argument(
+        "--published",
+        default=str(PUBLISHED),
+        help="CSV of published final returns (script, env_id, label, mean, std, source) set beside ours",
+    )
     args = parser.parse_args(argv)
     if args.command == "run":
         if args.label and len(args.world_sizes) > 1:

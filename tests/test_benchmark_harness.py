@@ -4,6 +4,8 @@ import csv
 import gzip
 import json
 
+import numpy as np
+import pytest
 from helpers import script_path
 
 from benchmark import harness
@@ -13,33 +15,52 @@ TINY = ["--", "--local-num-envs", "2", "--num-steps", "32", "--num-minibatches",
 
 def test_harness_runs_skips_and_reports(tmp_path, capsys):
     runs = tmp_path / "runs"
-    grid = ["run", "--script", script_path("ppo_multigpu.py"), "--env-ids", "CartPole-v1", "--seeds", "1", "2"]
-    grid += ["--world-sizes", "1", "2", "--runs-dir", str(runs), "--timeout", "180"]
-    assert harness.main([*grid, *TINY]) == 0
+    grid = ["run", "--script", script_path("ppo_multigpu.py"), "--env-ids", "CartPole-v1", "--runs-dir", str(runs)]
+    grid += ["--timeout", "180"]
+    ws1 = [*grid, "--seeds", "1", "2", "--world-sizes", "1"]
+    same_batch = [*grid, "--seeds", "1", "--world-sizes", "2", "--label", "ws2-same-batch"]  # 2 x 2 envs x 16 steps
+    assert harness.main([*ws1, *TINY]) == 0 and harness.main([*same_batch, *TINY, "--num-steps", "16"]) == 0
     names = sorted(p.parent.name for p in runs.glob("*/harness.json"))
-    assert names == [f"CartPole-v1__ppo_multigpu__ws{w}__seed{s}" for w in (1, 2) for s in (1, 2)]
+    assert names == [f"CartPole-v1__ppo_multigpu__{c}" for c in ("ws1__seed1", "ws1__seed2", "ws2-same-batch__seed1")]
     meta = json.loads((runs / names[-1] / "harness.json").read_text())
-    assert "--nproc_per_node=2" in meta["command"] and "--seed 2" in meta["command"]
+    assert "--nproc_per_node=2" in meta["command"] and "--num-steps 16" in meta["command"]
+    assert meta["config"] == "ws2-same-batch"
 
     capsys.readouterr()
-    assert harness.main([*grid, *TINY]) == 0  # everything complete: nothing runs again
-    assert "4 complete, 0 to run" in capsys.readouterr().out
+    assert harness.main([*ws1, *TINY]) == 0  # everything complete: nothing runs again
+    assert "2 complete, 0 to run" in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # a label names one configuration, so one world size
+        harness.main([*grid, "--world-sizes", "1", "2", "--label", "both", *TINY])
 
-    out = tmp_path / "report"
-    assert harness.main(["report", "--runs-dir", str(runs), "--out", str(out)]) == 0
+    out, published = tmp_path / "report", tmp_path / "published.csv"
+    published.write_text(
+        "# a comment line\nscript,env_id,label,mean,std,source\n"
+        "ppo_multigpu,CartPole-v1,Paper X,1000000,1,its table 2\n"
+    )
+    assert harness.main(["report", "--runs-dir", str(runs), "--out", str(out), "--published", str(published)]) == 0
     with gzip.open(out / "scalars.csv.gz", "rt") as f:
         rows = list(csv.DictReader(f))
     returns = [r for r in rows if r["tag"] == "charts/episodic_return"]
-    assert {(r["world_size"], r["seed"]) for r in returns} == {("1", "1"), ("1", "2"), ("2", "1"), ("2", "2")}
-    # both world sizes consume exactly the 512 global steps: 8 iterations of 64, or 4 of 128
+    assert {(r["config"], r["seed"]) for r in returns} == {("ws1", "1"), ("ws1", "2"), ("ws2-same-batch", "1")}
+    # both world sizes consume exactly the 512 global steps: 8 iterations of 64 at either world size
     assert max(int(r["step"]) for r in returns if r["world_size"] == "2") == 512
     png = out / "ppo_multigpu__CartPole-v1.png"
     assert png.stat().st_size > 5000 and png.read_bytes()[:4] == b"\x89PNG"
     table = (out / "results.md").read_text()
-    assert "| ppo_multigpu | CartPole-v1 | 1 | 2 | 512 |" in table
-    assert "| ppo_multigpu | CartPole-v1 | 2 | 2 | 512 |" in table
+    assert "| ppo_multigpu | CartPole-v1 | ws1 | 1 | 2 | 512 |" in table
+    assert "| ppo_multigpu | CartPole-v1 | ws2-same-batch | 2 | 1 | 512 |" in table
+    assert "| 1000000.0 ± 1.0 (Paper X; ours outside ± 2 std) |" in table
+    assert "Published: Paper X: its table 2." in table
     commands = [line for line in table.splitlines() if "ppo_multigpu.py " in line]  # as a reader types them
-    assert {c.split(" ", 1)[0] for c in commands} == {"python", "torchrun"} and len(commands) == 4
+    assert {c.split(" ", 1)[0] for c in commands} == {"python", "torchrun"} and len(commands) == 3
+
+
+def test_final_return_is_the_mean_of_the_last_episodes():
+    """CleanRL's final return (the last 100 episodes) from logged iteration means and their episode counts."""
+    returns, counts = np.array([10.0, 20.0, 30.0]), np.array([50.0, 60.0, 70.0])
+    assert harness.final_return(returns, counts) == (30 * 20 + 70 * 30) / 100  # the oldest iteration in part
+    assert harness.final_return(returns, counts, episodes=1000) == (500 + 1200 + 2100) / 180  # fewer: all of them
+    assert harness.final_return(np.arange(200.0), np.ones(200)) == np.arange(100.0, 200.0).mean()
 
 
 def test_harness_writes_a_slurm_array_instead_of_running(tmp_path):
