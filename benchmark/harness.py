@@ -328,15 +328,16 @@ def cmd_report(args) -> int:
         return 1
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    kept = [r for r in rows if not args.tags or r["tag"].startswith(tuple(args.tags))]
     with gzip.open(out / "scalars.csv.gz", "wt", newline="") as f:  # compressed: small enough to commit
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows(kept)
     published = read_published(args.published)
     plots = plot_curves(rows, out, published)
     table = markdown_table(rows, args.runs_dir, published)
     (out / "results.md").write_text(table + "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n")
-    print(f"wrote {out / 'scalars.csv.gz'} ({len(rows)} rows), {len(plots)} plot(s), {out / 'results.md'}")
+    print(f"wrote {out / 'scalars.csv.gz'} ({len(kept)} rows), {len(plots)} plot(s), {out / 'results.md'}")
     return 0
 
 
@@ -362,6 +363,12 @@ def main(argv=None) -> int:
     report = sub.add_parser("report", help="tidy CSV, learning curves and a markdown table of complete runs")
     report.add_argument("--runs-dir", default="runs/benchmark", help="the directory the runs were written to")
     report.add_argument("--out", required=True, help="output directory, e.g. docs/benchmarks/cartpole")
+    report.add_argument(
+        "--tags",
+        nargs="+",
+        default=None,
+        help="keep only these tags (or tag prefixes, e.g. charts/) in the CSV; the table and plots use all",
+    )
     report.add_argument(
         "--published",
         default=str(PUBLISHED),

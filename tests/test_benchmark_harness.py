@@ -37,9 +37,12 @@ def test_harness_runs_skips_and_reports(tmp_path, capsys):
         "# a comment line\nscript,env_id,label,mean,std,source\n"
         "ppo_multigpu,CartPole-v1,Paper X,1000000,1,its table 2\n"
     )
-    assert harness.main(["report", "--runs-dir", str(runs), "--out", str(out), "--published", str(published)]) == 0
+    report = ["report", "--runs-dir", str(runs), "--out", str(out), "--published", str(published)]
+    assert harness.main([*report, "--tags", "charts/"]) == 0
     with gzip.open(out / "scalars.csv.gz", "rt") as f:
         rows = list(csv.DictReader(f))
+    assert {r["tag"] for r in rows} >= {"charts/episodic_return", "charts/SPS"}
+    assert all(r["tag"].startswith("charts/") for r in rows)  # --tags keeps the CSV compact
     returns = [r for r in rows if r["tag"] == "charts/episodic_return"]
     assert {(r["config"], r["seed"]) for r in returns} == {("ws1", "1"), ("ws1", "2"), ("ws2-same-batch", "1")}
     # both world sizes consume exactly the 512 global steps: 8 iterations of 64 at either world size

@@ -21,4 +21,5 @@ grid() { python -m benchmark.harness run --script cleanrl_ddp/ppo_continuous_act
 grid --world-sizes 1 --label ws1 --jobs "$JOBS" $(slurm -ws1) -- --total-timesteps "$STEPS" --num-steps 2048
 grid --world-sizes 2 --label ws2-same-batch $(slurm -ws2-same-batch) -- --total-timesteps "$STEPS" --num-steps 1024
 grid --world-sizes 2 --label ws2-double-batch $(slurm -ws2-double-batch) -- --total-timesteps "$STEPS" --num-steps 2048
-[ -n "${SLURM:-}" ] || python -m benchmark.harness report --runs-dir "$RUNS" --out docs/benchmarks/ppo_continuous_action_multigpu
+[ -n "${SLURM:-}" ] || python -m benchmark.harness report --runs-dir "$RUNS" \
+    --out docs/benchmarks/ppo_continuous_action_multigpu --tags charts/ losses/approx_kl losses/explained_variance
