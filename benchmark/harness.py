@@ -256,7 +256,7 @@ def plot_curves(rows, out: Path, published: dict) -> list[Path]:
             ref = published[(script, env_id)]
             mean, std = float(ref["mean"]), float(ref["std"])
             axes[0].axhline(mean, color="black", linestyle="--", linewidth=1, label=f"{ref['label']}: final return")
-            axes[0].axhspan(mean - std, mean + std, color="black", alpha=0.08)
+            axes[0].axhspan(mean - std, mean + std, color="black", alpha=0.15)
         axes[0].set_ylabel("episodic return")
         axes[0].legend(loc="lower right", fontsize=7)
         fig.suptitle(f"{script} on {env_id} (mean ± std over seeds)")
