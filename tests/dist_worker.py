@@ -3,6 +3,7 @@
     torchrun ... tests/dist_worker.py unit    OUTDIR cleanrl_ddp/<script>.py [cleanrl_ddp/<script>.py ...]
     torchrun ... tests/dist_worker.py observe OUTDIR cleanrl_ddp/<script>.py [script flags...]
     torchrun ... tests/dist_worker.py diverge OUTDIR cleanrl_ddp/<script>.py [script flags...]
+    torchrun ... tests/dist_worker.py pinned  OUTDIR cleanrl_ddp/<script>.py [script flags...]
 
 `unit` imports each listed script's own network and update (PPO: ppo_loss and all_reduce_gradients_flat; DQN:
 update_q_network; SAC, TD3: update_critics and update_actor, also compiled) and the run module's
@@ -13,7 +14,9 @@ rank did: env seeds, env steps, sampled actions, RNG streams, optimizer steps, p
 first update, final parameters and optimizer state, the env step of every optimizer step, target networks
 (DQN) at the first update and at the end and the env steps at which they were synced, files opened for
 writing. `diverge` does the same and nudges one parameter on rank 1 after its second optimizer step, for
-`--sync-check-every` to catch.
+`--sync-check-every` to catch. `pinned` records as `observe` with the randomness taken out of the comparison
+(PPO): action noise from a table indexed by (rollout step, global env), minibatches drawn from one shared
+permutation, so that world size G with one env per rank and one process with G envs see the same data.
 Each rank writes OUTDIR/rank{R}.pt (observe, diverge) or OUTDIR/<script>_unit_rank{R}.json (unit).
 """
 
@@ -731,6 +734,44 @@ def observe(outdir: Path, script_path: str, script_args: list, nudge_after_step:
         torch.save(rec, outdir / f"rank{rank}.pt")
 
 
+def pin_sampling_and_minibatches(script_args: list) -> None:
+    """Make a PPO run at world size G (one env per rank) and one process with G envs draw the same numbers.
+
+    Action noise: `Normal.sample` returns loc + scale * z, with z for (the call's index, the global env) from a
+    table, whichever rank steps that env. Minibatches: `torch.randperm` returns, on every rank, the same
+    permutation P of the local batch (one env's steps); at world size 1 with G envs it returns, for each minibatch
+    k, the rows P_k of every env (row s of env g is index s * G + g of the flattened batch), so that each global
+    minibatch holds the same samples in both runs.
+    """
+    from torch.distributions.normal import Normal
+
+    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    num_minibatches = int(script_args[script_args.index("--num-minibatches") + 1])
+    calls = {"sample": 0, "randperm": 0}
+    randperm = torch.randperm
+
+    def table_sample(self, sample_shape=torch.Size()):
+        t, n = calls["sample"], self.loc.shape[0]
+        calls["sample"] += 1
+        z = [torch.randn(self.loc.shape[1:], generator=torch.Generator().manual_seed(1_000_003 * t + rank * n + i))
+             for i in range(n)]  # fmt: skip
+        with torch.no_grad():
+            return self.loc + self.scale * torch.stack(z).to(self.loc.device)
+
+    def shared_randperm(n, *a, device=None, **kw):
+        generator = torch.Generator().manual_seed(calls["randperm"])
+        calls["randperm"] += 1
+        if world_size > 1:
+            return randperm(n, generator=generator).to(device)
+        global_envs = int(os.environ["PINNED_ENVS"])
+        p = randperm(n // global_envs, generator=generator)
+        parts = [q * global_envs + g for q in p.chunk(num_minibatches) for g in range(global_envs)]
+        return torch.cat(parts).to(device)
+
+    Normal.sample = table_sample
+    torch.randperm = shared_randperm
+
+
 REAL_EXIT = os._exit
 
 
@@ -753,6 +794,8 @@ if __name__ == "__main__":
         if mode == "unit":
             unit(outdir, [script_path, *script_args])
         else:
+            if mode == "pinned":
+                pin_sampling_and_minibatches(script_args)
             observe(outdir, script_path, script_args, nudge_after_step=2 if mode == "diverge" else 0)
     except SystemExit as e:
         leave(e.code)
