@@ -4,8 +4,8 @@
     python -m benchmark.throughput --world-sizes 1 --local-num-envs 8 --profile
 
 The loop is built from the Atari PPO script's own pieces (`make_env`, `Agent`, `staging_buffer`, `to_device`,
-`clip_reward`, `game_over`, `compute_gae`, `ppo_loss`, and `halves` in the asynchronous variant), in the
-order its `main()` runs them, with a timer around each part. Each timer waits for the device before it
+`clip_reward`, `game_over`, `compute_gae`, `normalize_advantages`, `ppo_loss`, and `halves` in the asynchronous
+variant), in the order its `main()` runs them, with a timer around each part. Each timer waits for the device before it
 reads (`sync`: torch.cuda.synchronize on CUDA, nothing on CPU), so a part's time holds its own kernels;
 that also removes the overlap of host and device work that the real loop has, so on a GPU the profiled
 loop is slower than the script: read the split from here and the SPS from the real run. Parts:
@@ -145,14 +145,16 @@ def update(module, agent, optimizer, args, sizes, obs, actions, logprobs, values
             rewards, values, all_dones[:-1], next_value, all_dones[-1], args.gamma, args.gae_lambda
         )
     b_obs = obs.reshape(-1, *obs.shape[2:]).permute(0, 3, 1, 2)  # NCHW view, channels-last strides
-    batch = (b_obs, actions.reshape(-1), logprobs.reshape(-1), advantages.reshape(-1), returns.reshape(-1))
-    batch += (values.reshape(-1),)  # ppo_loss's order
+    batch = (b_obs, actions.reshape(-1), logprobs.reshape(-1), returns.reshape(-1), values.reshape(-1))
+    b_advantages = advantages.reshape(-1)
     local_batch_size, local_minibatch_size = sizes["local_batch_size"], sizes["local_minibatch_size"]
     for _epoch in range(args.update_epochs):
-        b_inds = torch.randperm(local_batch_size, device=obs.device)
-        for start in range(0, local_batch_size, local_minibatch_size):
-            mb_inds = b_inds[start : start + local_minibatch_size]
-            loss, _ = module.ppo_loss(agent, *(b[mb_inds] for b in batch), args, 1)
+        b_inds = torch.randperm(local_batch_size, device=obs.device).view(-1, local_minibatch_size)
+        epoch_advantages = b_advantages[b_inds]
+        if args.norm_adv:
+            epoch_advantages = module.normalize_advantages(epoch_advantages, 1)
+        for mb_inds, mb_advantages in zip(b_inds, epoch_advantages, strict=True):
+            loss, _ = module.ppo_loss(agent, mb_advantages, *(b[mb_inds] for b in batch), args)
             optimizer.zero_grad(set_to_none=False)
             loss.backward()
             nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
@@ -170,7 +172,7 @@ def is_profilable(script: str) -> bool:
     """Whether a script defines the pieces the profiled loop is built from (the Atari PPO scripts do). Read from
     its source, not imported: an outside baseline may train at import."""
     pieces = {"make_env", "Agent", "staging_buffer", "to_device", "clip_reward", "game_over", "compute_gae"}
-    pieces |= {"ppo_loss", "derive_sizes", "sticky_action_probability", "Args"}
+    pieces |= {"ppo_loss", "normalize_advantages", "derive_sizes", "sticky_action_probability", "Args"}
     tree = ast.parse(Path(script).read_text())
     return pieces <= {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
 

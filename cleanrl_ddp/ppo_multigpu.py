@@ -272,17 +272,21 @@ def main() -> None:
         b_advantages = advantages.reshape(-1)
         b_returns = returns.reshape(-1)
         b_values = values.reshape(-1)
-        batch = (b_obs, b_actions, b_logprobs, b_advantages, b_returns, b_values)  # ppo_loss's order
+        batch = (b_obs, b_actions, b_logprobs, b_returns, b_values)  # ppo_loss's order, after the advantages
 
         # Optimizing the policy and value network. Every rank runs the same number of minibatches:
         # each minibatch's backward issues the same all-reduces everywhere.
         local_batch_size, local_minibatch_size = sizes["local_batch_size"], sizes["local_minibatch_size"]
         loss_sums, num_updates = {}, 0
         for _epoch in range(args.update_epochs):
-            b_inds = torch.randperm(local_batch_size, device=device)
-            for start in range(0, local_batch_size, local_minibatch_size):
-                mb_inds = b_inds[start : start + local_minibatch_size]
-                loss, mb_stats = ppo_loss(model, *(b[mb_inds] for b in batch), args, world_size)
+            b_inds = torch.randperm(local_batch_size, device=device).view(-1, local_minibatch_size)  # row k: minibatch
+            # CRUCIAL: minibatch k's advantages are normalised with the statistics of global minibatch k (row k of
+            # every rank): one all-reduce for all the minibatches of the epoch
+            epoch_advantages = b_advantages[b_inds]
+            if args.norm_adv:
+                epoch_advantages = normalize_advantages(epoch_advantages, world_size)
+            for mb_inds, mb_advantages in zip(b_inds, epoch_advantages, strict=True):
+                loss, mb_stats = ppo_loss(model, mb_advantages, *(b[mb_inds] for b in batch), args)
                 optimizer.zero_grad(set_to_none=False)
                 loss.backward()
                 if world_size > 1 and args.grad_sync == "flat":
@@ -377,26 +381,28 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
 
 
 def normalize_advantages(adv: torch.Tensor, world_size: int) -> torch.Tensor:
-    """Normalise with the mean and (unbiased) std of the *global* minibatch, all ranks together.
+    """Normalise each row of `adv` [num_minibatches, local minibatch] (or one minibatch [local minibatch]) with
+    the mean and (unbiased) std of that *global* minibatch: row k of every rank together.
 
-    One all-reduce of (sum, sum of squares, count) in float64, so that a 2-rank update equals the
-    single-process update on the union of the two local minibatches.
+    One all-reduce of (sum, sum of squares, count) per row in float64, for all the minibatches of an epoch at
+    once, so that a 2-rank update equals the single-process update on the union of the two local minibatches.
     """
     a = adv.double()
-    count = torch.full((), a.numel(), dtype=a.dtype, device=a.device)  # filled on the device: no copy from the host
-    stats = torch.stack([a.sum(), (a * a).sum(), count])
+    count = torch.full(a.shape[:-1], a.shape[-1], dtype=a.dtype, device=a.device)  # on the device: no host copy
+    stats = torch.stack([a.sum(-1), (a * a).sum(-1), count])
     if world_size > 1:
         dist.all_reduce(stats)
     total, total_sq, n = stats.unbind()
     mean = total / n
-    var = (total_sq - n * mean * mean) / (n - 1)
-    return ((adv - mean.float()) / (var.clamp_min(0).sqrt().float() + 1e-8)).to(adv.dtype)
+    std = ((total_sq - n * mean * mean) / (n - 1)).clamp_min(0).sqrt()
+    return ((adv - mean.float().unsqueeze(-1)) / (std.float().unsqueeze(-1) + 1e-8)).to(adv.dtype)
 
 
-def ppo_loss(model, mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values, args: Args, world_size):
+def ppo_loss(model, mb_advantages, mb_obs, mb_actions, mb_logprobs, mb_returns, mb_values, args: Args):
     """The clipped PPO loss of one local minibatch, and its named stats (detached).
 
-    `model` is the DDP-wrapped agent (or the plain agent with world size 1 or `--grad-sync flat`).
+    `mb_advantages` come normalised (`normalize_advantages`, once per epoch for all minibatches) when --norm-adv is
+    on. `model` is the DDP-wrapped agent (or the plain agent with world size 1 or `--grad-sync flat`).
     """
     _, newlogprob, entropy, newvalue = model(mb_obs, mb_actions)
     logratio = newlogprob - mb_logprobs
@@ -406,9 +412,6 @@ def ppo_loss(model, mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, 
         old_approx_kl = (-logratio).mean()
         approx_kl = ((ratio - 1) - logratio).mean()
         clipfrac = ((ratio - 1.0).abs() > args.clip_coef).float().mean()
-
-    if args.norm_adv:
-        mb_advantages = normalize_advantages(mb_advantages, world_size)
 
     # Policy loss
     pg_loss1 = -mb_advantages * ratio

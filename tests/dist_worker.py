@@ -190,7 +190,7 @@ def import_script(script_path: str):
 
 
 def ppo_batch(mod, spec, agent0, n, g):
-    """A PPO global batch: ratios != 1 (clipping is exercised), advantages not yet normalised (ppo_loss does it)."""
+    """A PPO global batch in ppo_loss's order: ratios != 1 (clipping is exercised), advantages not yet normalised."""
     obs = spec.make_obs(n, g)
     with torch.no_grad():
         actions, logprobs, _, values = agent0.get_action_and_value(obs)
@@ -198,7 +198,7 @@ def ppo_batch(mod, spec, agent0, n, g):
     values = values.reshape(-1)
     advantages = 2.0 * torch.randn(n, generator=g) + 0.5
     returns = values + torch.randn(n, generator=g)
-    return obs, actions, logprobs, advantages, returns, values
+    return advantages, obs, actions, logprobs, returns, values
 
 
 def dqn_batch(mod, spec, agent0, n, g):
@@ -238,6 +238,10 @@ def unit_script(script_path: str, rank: int, world_size: int) -> dict:
         else:
             optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
         grads = []
+        if not spec.dqn:  # as the script: each minibatch's advantages normalised over its global minibatch, at once
+            adv = batch[0].view(num_updates, world_size, local_mb)
+            adv = adv[:, rank] if distributed else adv.reshape(num_updates, -1)
+            advantages = mod.normalize_advantages(adv, world_size if distributed else 1)
         for k in range(num_updates):
             rows = slice(k * world_size * local_mb, (k + 1) * world_size * local_mb)  # the global minibatch
             if distributed:
@@ -251,7 +255,7 @@ def unit_script(script_path: str, rank: int, world_size: int) -> dict:
                 mod.update_q_network(data, model, agent, target_network, optimizer, run_args, ws)
                 hook.remove()
                 continue
-            loss, _ = loss_fn(model, *minibatch, args, world_size if distributed else 1)
+            loss, _ = loss_fn(model, advantages[k], *(t[rows] for t in batch[1:]), args)
             optimizer.zero_grad(set_to_none=False)
             loss.backward()
             if distributed and grad_sync == "flat":

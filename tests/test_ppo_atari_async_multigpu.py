@@ -45,7 +45,7 @@ def rollouts_of(module, monkeypatch, tmp_path, argv) -> list[dict]:
         seen.append({k: v.detach().cpu().clone() for k, v in buffers.items()})
         return gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda)
 
-    def ppo_loss(model, mb_obs, mb_actions, mb_logprobs, mb_advantages, mb_returns, mb_values, args, world_size):
+    def ppo_loss(model, mb_advantages, mb_obs, mb_actions, mb_logprobs, mb_returns, mb_values, args):
         # one minibatch, one epoch, identity permutation: the minibatch is the flattened buffer, in order
         seen[-1] |= dict(obs=mb_obs.cpu().clone(), actions=mb_actions.cpu().clone(), logprobs=mb_logprobs.cpu().clone())
         zero = sum(p.sum() for p in model.parameters()) * 0  # no learning: keeps the test fast

@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers import assert_one_line_error, launch, only_run_dir, read_scalars
 
-from cleanrl_ddp.ppo_multigpu import Args, compute_gae, derive_sizes, ppo_loss
+from cleanrl_ddp.ppo_multigpu import Args, compute_gae, derive_sizes, normalize_advantages, ppo_loss
 
 SCRIPT = "ppo_multigpu.py"
 TINY = ["--local-num-envs", "2", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "2"]
@@ -65,6 +65,14 @@ def test_gae_matches_hand_computation():
     assert torch.allclose(ret, adv + values)
 
 
+def test_normalize_advantages_normalises_each_minibatch_row():
+    """An epoch's minibatches as rows [num_minibatches, minibatch]: each row with its own mean and unbiased std."""
+    adv = torch.tensor([[1.0, 2.0, 3.0, 6.0], [-4.0, 0.0, 4.0, 100.0]])
+    expected = torch.stack([(row - row.mean()) / (row.std() + 1e-8) for row in adv])
+    assert torch.allclose(normalize_advantages(adv, 1), expected)
+    assert torch.allclose(normalize_advantages(adv[1], 1), expected[1])  # one minibatch alone
+
+
 def test_ppo_loss_matches_hand_computation():
     args = Args(clip_coef=0.2, ent_coef=0.01, vf_coef=0.5, norm_adv=True, clip_vloss=True)
     new_logprob = torch.log(torch.tensor([0.5, 0.3]))
@@ -74,9 +82,10 @@ def test_ppo_loss_matches_hand_computation():
     model = lambda obs, actions: (actions, new_logprob, entropy, new_value)  # stands in for the agent
     adv = torch.tensor([1.0, -1.0])
     returns, old_values = torch.tensor([2.0, 2.0]), torch.tensor([1.5, 2.9])
-    loss, stats = ppo_loss(model, None, torch.tensor([0, 1]), old_logprob, adv, returns, old_values, args, 1)
-
     norm = adv / (adv.std() + 1e-8)  # [0.7071, -0.7071]
+    assert torch.allclose(normalize_advantages(adv, 1), norm)
+    loss, stats = ppo_loss(model, norm, None, torch.tensor([0, 1]), old_logprob, returns, old_values, args)
+
     # sample 0: ratio 2 clipped to 1.2 (max of -0.707*2, -0.707*1.2); sample 1: ratio 1
     pg = (max(-norm[0] * 2.0, -norm[0] * 1.2) + max(-norm[1] * 1.0, -norm[1] * 1.0)) / 2
     # value 0: unclipped (1-2)^2=1, clipped 1.5-0.2=1.3 -> 0.49, max 1; value 1: (3-2)^2=1, clipped 3.0 -> 1
