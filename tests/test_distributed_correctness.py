@@ -199,10 +199,10 @@ def test_whole_run_equivalence_with_single_process(tmp_path):
     # one thread in both runs, as torchrun sets for 2 ranks: the orthogonal init's QR differs in the last bits
     # between 1 and 2 threads (seen: 2,649 of 10,119 initial weights, up to 1.8e-7)
     runs = {}
-    for world_size, local_envs in ((2, 1), (1, 2)):
+    for world_size, local_envs, nproc in ((2, 1, 2), (1, 2, 0)):  # nproc 0: plain python, no torchrun
         out = tmp_path / f"ws{world_size}"
         proc = launch(
-            script, [*flags, "--local-num-envs", local_envs, "--runs-dir", out / "runs"], nproc=world_size,
+            script, [*flags, "--local-num-envs", local_envs, "--runs-dir", out / "runs"], nproc=nproc,
             timeout=TIMEOUT, env=dict(PINNED_ENVS="2", OMP_NUM_THREADS="1"), wrapper=[WORKER, "pinned", out],
         )  # fmt: skip
         assert proc.returncode == 0, proc.stdout + proc.stderr
