@@ -3,10 +3,14 @@
 import csv
 import gzip
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import script_path
+from helpers import REPO, script_path
 
 from benchmark import harness
 
@@ -66,23 +70,26 @@ def test_final_return_is_the_mean_of_the_last_episodes():
     assert harness.final_return(np.arange(200.0), np.ones(200)) == np.arange(100.0, 200.0).mean()
 
 
-def test_harness_writes_a_slurm_array_instead_of_running(tmp_path):
-    sbatch = tmp_path / "array.sbatch"
+def test_harness_writes_a_slurm_array_whose_tasks_finish_like_local_runs(tmp_path):
+    """--slurm writes an array job instead of running; its task i runs the i-th run through the harness, so that
+    a finished task leaves harness.json as a local run does (the report reads only such runs). Task 0 is run here
+    as SLURM runs it: the script under bash with SLURM_ARRAY_TASK_ID set, from the repository root."""
+    sbatch, runs = tmp_path / "array.sbatch", tmp_path / "runs"
     args = ["run", "--script", "cleanrl_ddp/ppo_multigpu.py", "--env-ids", "CartPole-v1", "Acrobot-v1"]
-    args += [
-        "--seeds",
-        "1",
-        "2",
-        "3",
-        "--world-sizes",
-        "2",
-        "--runs-dir",
-        str(tmp_path / "runs"),
-        "--slurm",
-        str(sbatch),
-    ]
-    assert harness.main([*args, "--", "--total-timesteps", "1000"]) == 0
+    args += ["--seeds", "1", "2", "3", "--world-sizes", "2", "--runs-dir", str(runs), "--slurm", str(sbatch)]
+    tiny = ["--local-num-envs", "1", "--num-steps", "32", "--total-timesteps", "128"]
+    assert harness.main([*args, "--", *tiny]) == 0
     text = sbatch.read_text()
     assert "#SBATCH --array=0-5" in text
-    assert text.count("torchrun --standalone --nproc_per_node=2") == 6 and "--env-id Acrobot-v1 --seed 3" in text
-    assert not (tmp_path / "runs" / "CartPole-v1__ppo_multigpu__ws2__seed1").exists()  # nothing ran
+    assert text.count("python -m benchmark.harness run --script cleanrl_ddp/ppo_multigpu.py") == 6
+    assert "--env-ids Acrobot-v1 --seeds 3 --world-sizes 2" in text
+    first = runs / "CartPole-v1__ppo_multigpu__ws2__seed1"
+    assert not first.exists()  # nothing ran
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"  # `python` is this one
+    env = dict(os.environ, SLURM_ARRAY_TASK_ID="0", PATH=path)
+    task = subprocess.run(["bash", str(sbatch)], cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert task.returncode == 0, task.stdout + task.stderr
+    record = json.loads((first / harness.DONE_FILE).read_text())
+    assert (record["env_id"], record["seed"], record["world_size"]) == ("CartPole-v1", 1, 2)
+    assert "step 128/128" in (runs / f"{first.name}.log").read_text()
+    assert sorted(p.name for p in runs.iterdir() if p.is_dir()) == [first.name]  # task 0 ran run 0 only
