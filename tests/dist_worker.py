@@ -745,7 +745,7 @@ def pin_sampling_and_minibatches(script_args: list) -> None:
     table, whichever rank steps that env. Minibatches: `torch.randperm` returns, on every rank, the same
     permutation P of the local batch (one env's steps); at world size 1 with G envs it returns, for each minibatch
     k, the rows P_k of every env (row s of env g is index s * G + g of the flattened batch), so that each global
-    minibatch holds the same samples in both runs.
+    minibatch holds the same samples in both runs. G comes from the environment variable PINNED_ENVS.
     """
     from torch.distributions.normal import Normal
 
