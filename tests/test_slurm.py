@@ -370,12 +370,18 @@ def test_preempted_by_a_higher_priority_partition_saves_requeues_and_finishes(cl
     iterations = 30
     job_id, log, runs = submit_requeue(cluster, tmp_path, iterations, "--partition=low")
     wait_for_checkpoint(cluster, job_id, log, runs)
-    high = cluster.sbatch("--partition=high", "--exclusive", f"--output={tmp_path / 'high.log'}", "--wrap=sleep 1")
-    hold(cluster, job_id, signal.SIGTERM, 120)
+    # the high-priority job is submitted once the tasks are stopped (hold's `then`): submitted before, SLURM's
+    # SIGTERM could reach the running tasks first, and they would save and exit before `hold` looked (seen once
+    # in a full suite run: "no SIGTERM from SLURM within 120 s")
+    high = []
+    submit = lambda: high.append(
+        cluster.sbatch("--partition=high", "--exclusive", f"--output={tmp_path / 'high.log'}", "--wrap=sleep 1")
+    )
+    hold(cluster, job_id, signal.SIGTERM, 120, then=submit)
     job = cluster.finish(job_id, 240, log)
     text = log.read_text()
     assert (job["JobState"], job["ExitCode"], job["Restarts"]) == ("COMPLETED", "0:0", "1"), text
-    assert cluster.job(high)["JobState"] == "COMPLETED"
+    assert cluster.job(high[0])["JobState"] == "COMPLETED"
     assert f"preempted (exit 75): checkpoint saved, requeueing job {job_id}" in text, text
     assert "resuming at iteration" in text, text
     assert_steps_complete(only_run_dir(runs), iterations, PPO)
