@@ -1,35 +1,42 @@
-"""Check every CUDA path of the scripts in one command: one line per check (`ok`/`FAIL`/`skip` and its figure).
+"""Check every CUDA path of the scripts on a GPU machine: one line per check (`ok`/`FAIL`/`skip`, its figure, its
+seconds), each written to OUT/summary.txt the moment the check ends.
 
-    python -m benchmark.gpu_check                   # on a GPU machine (sized for about 5 minutes on one H100)
-    python -m benchmark.gpu_check --cleanrl-script ~/cleanrl/cleanrl/ppo_atari_multigpu.py   # + CleanRL's script
-    python -m benchmark.gpu_check --only resume evaluate                                    # some checks again
-    python -m benchmark.gpu_check --device cpu      # the same checks on the CPU at tiny sizes (its CPU test)
+    python -m benchmark.gpu_check --out /tmp/gpu     # the quick profile: about 6 minutes on one H100 (estimated)
+    python -m benchmark.gpu_check --full --out DIR    # every check (about 20-30 minutes)
+    python -m benchmark.gpu_check --full --only resume evaluate --out DIR               # some checks again
+    python -m benchmark.gpu_check --cleanrl-script ~/cleanrl/cleanrl/ppo_atari_multigpu.py  # + CleanRL's script
+    python -m benchmark.gpu_check --device cpu --out DIR   # the same checks on the CPU at tiny sizes (its CPU test)
 
-The checks, in order (docs/benchmarks.md says what each one means):
-- `script:<name>`: every `cleanrl_ddp/*_multigpu.py` at world size 1 for a few iterations (`FEW_ITERATIONS`);
-  exit 0, its start line names the device, and its final checkpoint is at the requested global step;
-- `gloo:<name>`: every script on 2 ranks sharing the GPU (`--backend gloo`, DDP), replicas compared every iteration;
-- `flat:<name>`: the same with `--grad-sync flat` (one flattened all-reduce instead of DDP);
-- `compile:<name>`: the scripts with `--compile` (`COMPILED`) on 2 ranks sharing the GPU, DDP and then
-  `--grad-sync flat`, replicas compared every iteration (on CUDA: CUDA graphs, mode reduce-overhead);
-- `nccl-1`: an NCCL process group at world size 1 on the GPU: the collectives the scripts make (a broadcast, a DDP
-  backward, the flat all-reduce) run and leave the values as they were;
-- `sync-debug:<name>`: every script at world size 1 under `torch.cuda.set_sync_debug_mode("warn")`, counting the
-  synchronizing CUDA operations it reports, per env step (the GPU twin of the CPU suite's host-sync counter);
-- `compile-speed`: the Atari PPO's and SAC's steady SPS at world size 1 with and without `--compile`;
-- `nccl-guard`: `torchrun --nproc_per_node=2` with NCCL on one visible GPU stops before init with one line;
-- `resume`: a 2-rank gloo run of the Atari PPO stopped by SIGTERM, resumed at world size 1, ends at its exact step;
-- `evaluate`: `python -m cleanrl_ddp.evaluate` on a checkpoint of the Atari PPO trained on the device, on the
-  device and on the CPU;
-- `throughput`: the Atari PPO's steady SPS at 8 and 64 envs next to the env-only ceiling of the same invocation
-  (benchmark/throughput.py), and CleanRL's own script at 8 envs when `--cleanrl-script` (or the environment
-  variable CLEANRL_PPO_ATARI_MULTIGPU) points at it. Figures, not pass/fail: `ok` means it was measured.
+The quick profile (the default) answers, in one command that fits a short GPU lease, whether every script works
+and is fast on a GPU, the most important answers first. Its steps run one after another; the checks of one step
+run at the same time (they check correctness, not speed), and a speed measurement always has the machine alone:
+1. `script:<name>`: every `cleanrl_ddp/*_multigpu.py` at world size 1 for a few iterations (`FEW_ITERATIONS`);
+   exit 0, its start line names the device, and its final checkpoint is at the requested global step;
+2. `gloo:`/`flat:` for the Atari PPO and SAC (2 ranks sharing the GPU through gloo, DDP and `--grad-sync flat`,
+   replicas compared every iteration), `nccl-1` (an NCCL process group at world size 1: the collectives the
+   scripts make), `sync-debug:` for the Atari PPO (its synchronizing CUDA operations, counted), `compile:` for the
+   Atari PPO (2 ranks, DDP, `--compile`: CUDA graphs), `resume` (a 2-rank run stopped by SIGTERM, resumed at world
+   size 1 to its exact step) and `evaluate` (a checkpoint trained on the device, on the device and on the CPU);
+3. `compile-speed:` for the Atari PPO, then for SAC: world size 1, eager then `--compile`, both to their exact
+   final step, and the steady SPS of each (compile time excluded);
+4. `throughput`: the Atari PPO's steady SPS at 8 and 64 envs next to the env-only ceiling of the same command
+   (benchmark/throughput.py), and CleanRL's own script at 8 envs when `--cleanrl-script` points at it.
+`--full` adds `gloo:`, `flat:`, `sync-debug:` for every script, `compile:`/`compile-flat:` for the three scripts
+with `--compile` (`COMPILED`), `compile-speed:` for both, and `nccl-guard` (NCCL with 2 ranks on one GPU stops
+before init with one line), one check at a time. docs/benchmarks.md says what each check means.
+
+Results survive a kill: each check's output goes to OUT/logs/<check>.log while it runs, and its line is appended
+to OUT/summary.txt as soon as it ends. A check past its time limit is killed with every process it started
+(torchrun's ranks too, which run in sessions of their own: every process carries the marker GPU_CHECK_RUN in its
+environment) and fails saying so. SIGTERM, SIGINT or SIGHUP to gpu_check kills every process it started, writes
+which checks were unfinished to the summary, and exits 128 + the signal's number.
 
 Without CUDA (and without `--device cpu`) it says so in one line and exits 0. Exit 1 when a check failed,
-2 on bad flags. Each command's output goes to OUT/logs/<check>.log, its run to OUT/runs.
+2 on bad flags.
 """
 
 import argparse
+import json
 import os
 import platform
 import re
@@ -37,13 +44,18 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 ATARI = "ppo_atari_multigpu.py"
+SAC = "sac_continuous_action_multigpu.py"
 ENV_ID = "BreakoutNoFrameskip-v4"
+MARKER = "GPU_CHECK_RUN"  # in the environment of every process a check starts: how they are all found and killed
 
 # The few-iteration run of each script at world size 1: its flags and the global step it must end at.
 # A script added to cleanrl_ddp/ gets a row here; without one, its check fails and says so.
@@ -73,19 +85,14 @@ FEW_ITERATIONS = {
     ),
 }
 NEEDS = {"ppo_continuous_action_multigpu.py": "mujoco"}  # a module beyond `pip install -e .`: skipped without it
-
-
-# the scripts with a --compile flag, and the step past which their compiled runs' SPS is steady (compile time excluded)
 COMPILED = ("ppo_atari_multigpu.py", "sac_continuous_action_multigpu.py", "td3_continuous_action_multigpu.py")
-CHECK_NAMES = (
-    "script", "gloo", "flat", "compile", "nccl-1", "sync-debug", "compile-speed", "nccl-guard", "resume", "evaluate",
-    "throughput",
-)  # fmt: skip
+PER_SCRIPT = ("script", "gloo", "flat", "compile", "compile-flat", "compile-speed", "sync-debug")
+SINGLE = ("nccl-1", "nccl-guard", "resume", "evaluate", "throughput")
 
 
 @dataclass(frozen=True)
 class Budget:
-    """The sizes of the checks that are not per script: the full one on a GPU, a tiny one for the CPU test."""
+    """The sizes of the checks that are not per script: the one on a GPU, a tiny one for the CPU test."""
 
     resume_flags: str  # the 2-rank Atari PPO run that SIGTERM stops
     resume_iterations: int  # long enough that the signal lands before the end
@@ -94,30 +101,29 @@ class Budget:
     throughput_warmup: int
     throughput_num_steps: int
     ceiling_steps: int
-    speed_iterations: dict  # compile-speed: script -> (flags, logged SPS points skipped as warm-up)
-    timeouts: dict  # check -> seconds one of its commands may take (then it fails, and the next check runs)
+    speed_runs: dict  # compile-speed: script -> (flags, global step it ends at, logged SPS points skipped as warm-up)
+    timeouts: dict  # check kind -> seconds one of its commands may take (then it is killed and fails)
 
 
+# On one H100 (estimated from the Atari PPO's 2,600 SPS at 8 envs on an H100 at ec541cd, 6-10 s to start a process,
+# and a stated 30-60 s for each first inductor compile of a loss until measured): step 1 about 25 s (7 processes at
+# once), step 2 about 90 s (the compiled 2-rank run), step 3 about 80 s (Atari) and 90 s (SAC: three losses),
+# step 4 about 60 s; about 6 minutes in all. Each limit is a few times its estimate, so that a hang costs minutes.
 GPU_BUDGET = Budget(
     resume_flags="--local-num-envs 4 --num-steps 32 --num-minibatches 2 --update-epochs 1",
-    resume_iterations=150,
+    resume_iterations=60,
     throughput_envs=(8, 64),
     throughput_iterations=14,
     throughput_warmup=4,
     throughput_num_steps=128,
     ceiling_steps=1000,
-    speed_iterations={
-        ATARI: ("--local-num-envs 8 --num-steps 128 --total-timesteps 20480", 4),
-        "sac_continuous_action_multigpu.py": (
-            "--env-id Pendulum-v1 --learning-starts 1000 --total-timesteps 6000 --log-every 500",
-            4,
-        ),
+    speed_runs={
+        ATARI: ("--local-num-envs 8 --num-steps 128 --total-timesteps 20480", 20480, 4),
+        SAC: ("--env-id Pendulum-v1 --learning-starts 500 --total-timesteps 3000 --log-every 250", 3000, 4),
     },
-    # a few times what each command should take on one H100 (script, gloo, flat, nccl-guard: 10-25 s; each half
-    # of resume about 30 s; evaluate 10-15 s; each throughput run 25-45 s; compile: inductor's first compile
-    # takes minutes), so that a hang costs minutes, not hours
-    timeouts={"script": 120, "gloo": 120, "flat": 120, "compile": 600, "nccl-1": 120, "sync-debug": 180}
-    | {"compile-speed": 600, "nccl-guard": 60, "resume": 180, "evaluate": 120, "throughput": 240},
+    timeouts={"script": 90, "gloo": 90, "flat": 90, "compile": 240, "compile-flat": 240, "compile-speed": 240}
+    | {"nccl-1": 60, "sync-debug": 120, "nccl-guard": 60, "resume": 120, "evaluate": 90, "throughput": 180}
+    | {"cleanrl": 180},
 )
 CPU_BUDGET = Budget(
     resume_flags="--local-num-envs 1 --num-steps 16 --num-minibatches 1 --update-epochs 1",
@@ -127,17 +133,40 @@ CPU_BUDGET = Budget(
     throughput_warmup=1,
     throughput_num_steps=16,
     ceiling_steps=20,
-    speed_iterations={
-        ATARI: ("--local-num-envs 2 --num-steps 16 --total-timesteps 192", 1),
-        "sac_continuous_action_multigpu.py": (
-            "--env-id Pendulum-v1 --learning-starts 64 --total-timesteps 256 --log-every 32",
-            2,
-        ),
+    speed_runs={
+        ATARI: ("--local-num-envs 2 --num-steps 16 --total-timesteps 192", 192, 1),
+        SAC: ("--env-id Pendulum-v1 --learning-starts 64 --total-timesteps 256 --log-every 32", 256, 2),
     },
-    timeouts=dict.fromkeys(CHECK_NAMES, 400),  # a busy 2-core CI machine
+    timeouts=dict.fromkeys((*PER_SCRIPT, *SINGLE, "cleanrl"), 400),  # a busy 2-core CI machine
 )
 GOALS = {8: 0.85, 64: 0.95}  # share of the env-only ceiling (issue #20); measured, never asserted
 CLEANRL_GOAL = 5.0  # this script's SPS over CleanRL's at CleanRL's configuration
+
+
+def scripts() -> list[str]:
+    """Every script of the package: the files the checks run at world size 1."""
+    return sorted(p.name for p in (REPO / "cleanrl_ddp").glob("*_multigpu.py"))
+
+
+def quick_profile() -> list[list[str]]:
+    """The steps of the quick profile, in order; the checks of a step run at the same time."""
+    return [
+        [f"script:{s}" for s in [ATARI, *[s for s in scripts() if s != ATARI]]],
+        [f"gloo:{ATARI}", f"flat:{ATARI}", f"gloo:{SAC}", f"flat:{SAC}", "nccl-1", f"sync-debug:{ATARI}"]
+        + [f"compile:{ATARI}", "resume", "evaluate"],
+        [f"compile-speed:{ATARI}"],
+        [f"compile-speed:{SAC}"],
+        ["throughput"],
+    ]
+
+
+def full_profile() -> list[list[str]]:
+    """Every check, one at a time."""
+    names = [f"{kind}:{s}" for kind in ("script", "gloo", "flat") for s in scripts()]
+    names += [f"{kind}:{s}" for s in COMPILED for kind in ("compile", "compile-flat")]
+    names += [f"sync-debug:{s}" for s in scripts()] + ["nccl-1"]
+    names += [f"compile-speed:{s}" for s in GPU_BUDGET.speed_runs] + ["nccl-guard", "resume", "evaluate", "throughput"]
+    return [[name] for name in names]
 
 
 @dataclass
@@ -145,66 +174,83 @@ class Result:
     name: str
     status: str  # "ok", "FAIL" or "skip"
     figure: str
+    seconds: float = 0.0
 
     def line(self) -> str:
-        return f"{self.status:<5} {self.name}: {self.figure}"
+        return f"{self.status:<5} {self.name}: {self.figure} [{self.seconds:.0f} s]"
 
 
 class Check:
-    """Where the checks run: the device, their budget, the output folder, and the runs they share."""
+    """Where the checks run: the device, their budget, the output folder, the runs they share, and every process
+    they started (found by the marker in its environment)."""
 
     def __init__(self, device: str, budget: Budget, out: Path, cleanrl_script: str | None):
         self.device, self.budget, self.out, self.cleanrl_script = device, budget, out, cleanrl_script
-        self.runs, self.logs = out / "runs", out / "logs"
+        self.runs, self.logs, self.summary = out / "runs", out / "logs", out / "summary.txt"
         self.logs.mkdir(parents=True, exist_ok=True)
-        # every command (benchmark/throughput.py's too) inherits this process's environment: the repository
-        # importable without an install, and on CUDA one GPU, however many there are (ranks share it: NCCL's guard)
+        self.marker = str(out.resolve())
+        # every command inherits this environment: the repository importable without an install, and on CUDA one
+        # GPU, however many there are (ranks share it: NCCL's guard)
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
         if device == "cuda":
             os.environ["CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "disabled"}
         self.device_flags = [] if device == "cuda" else ["--no-cuda"]
         self.trained = {}  # script -> run directory of its `script:` check
-        self.attempted = set()
+        self.lock = threading.Lock()  # held to start a process, and to write the summary
+        self.stopping = False  # set on a signal: no new process starts
 
-    def command(self, script: str, flags, nproc: int = 1, torchrun=None) -> list[str]:
+    def command(self, script: str, flags, nproc: int = 1) -> list[str]:
         launcher = [sys.executable]
         if nproc > 1:
-            launcher = [sys.executable, "-m", "torch.distributed.run", *(torchrun or ["--standalone"])]
-            launcher.append(f"--nproc_per_node={nproc}")
+            launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
         return [*launcher, str(REPO / "cleanrl_ddp" / script), *map(str, flags)]
 
     def limit(self, name: str) -> float:
         """Seconds one command of check `name` may take (`script:x`, `evaluate on cpu`, `cleanrl 8 envs`, ...)."""
-        kind = re.split(r"[: ]", name)[0]
-        return self.budget.timeouts.get(kind, self.budget.timeouts["throughput"])
+        return self.budget.timeouts[re.split(r"[: ]", name)[0]]
 
-    def run(self, name: str, cmd: list[str], env=None) -> tuple[int | None, str, float]:
-        """(exit code or None after the check's time limit, output, seconds); the output also to logs/NAME.log."""
-        start = time.monotonic()
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env or self.env, start_new_session=True, **PIPES)
+    def log_path(self, name: str) -> Path:
+        return self.logs / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}.log"
+
+    def start(self, name: str, cmd: list[str], env=None, cwd=REPO) -> subprocess.Popen:
+        """Start `cmd` with its output going to logs/NAME.log as it comes, marked as this check's."""
+        path = self.log_path(name)
+        with self.lock:
+            if self.stopping:
+                raise InterruptedError("gpu_check is stopping")
+            header = f"$ {shlex.join(cmd)}\n"
+            with open(path, "w") as log:
+                log.write(header)
+                log.flush()
+                env = {**(env or self.env), MARKER: self.marker, "GPU_CHECK_NAME": name}
+                proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+            proc.log_header = header
+            return proc
+
+    def finish(self, name: str, proc: subprocess.Popen) -> tuple[int | None, str]:
+        """(exit code, or None when killed at the check's time limit; the output so far)."""
         try:
-            out, _ = proc.communicate(timeout=self.limit(name))
-            code = proc.returncode
+            code = proc.wait(timeout=self.limit(name))
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
+            kill_marked(self.marker, name)
+            proc.wait()
             code = None
-        self.log(name, cmd, out)
+        kill_marked(self.marker, name)  # anything it left behind (a rank of a torchrun that died)
+        return code, self.log_path(name).read_text()[len(proc.log_header) :]
+
+    def run(self, name: str, cmd: list[str], env=None, cwd=REPO) -> tuple[int | None, str, float]:
+        """(exit code or None after the check's time limit, output, seconds)."""
+        start = time.monotonic()
+        code, out = self.finish(name, self.start(name, cmd, env, cwd))
         return code, out, time.monotonic() - start
 
-    def log(self, name: str, cmd: list[str], out: str) -> Path:
-        path = self.logs / f"{name.replace(':', '_').replace(' ', '_')}.log"
-        path.write_text(f"$ {shlex.join(cmd)}\n{out}")
-        return path
-
     def failed(self, name: str, code, out: str, what: str = "", log_name: str = "") -> Result:
-        """A FAIL line: the exit code (or the timeout), the last line of output, where the log is."""
-        reason = f"no exit after {self.limit(name):.0f} s" if code is None else f"exit {code}"
+        """A FAIL line: the exit code (or the time limit), the last line of output, where the log is."""
+        reason = f"killed at its limit of {self.limit(name):.0f} s" if code is None else f"exit {code}"
         lines = [line.strip() for line in out.splitlines() if re.search(r"\w", line)]  # not torchrun's ====== rules
         last = next((line for line in reversed(lines) if ": error: " in line), lines[-1] if lines else "")
-        log = self.logs / f"{(log_name or name).replace(':', '_').replace(' ', '_')}.log"
-        return Result(name, "FAIL", f"{what or reason}: {last[:200]} (log: {log})")
+        return Result(name, "FAIL", f"{what or reason}: {last[:200]} (log: {self.log_path(log_name or name)})")
 
     def expected_device(self, out: str, script: str, world_size: int, backend: str) -> str | None:
         """Why the script's start line does not show the device and backend asked for (None: it does)."""
@@ -217,8 +263,50 @@ class Check:
             return f"ran with '{line.split(', ', 1)[1]}', not device {device}, backend {backend}"
         return None
 
+    def report(self, result: Result) -> None:
+        with self.lock:
+            if self.stopping:  # killed by gpu_check's own stop: the summary names it unfinished
+                return
+            append(self.summary, result.line())
+            print(result.line(), flush=True)
 
-PIPES = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+def append(path: Path, line: str) -> None:
+    """One line at the end of `path`, on disk before this returns."""
+    with open(path, "a") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def marked(marker: str, name: str | None = None) -> list[int]:
+    """The processes whose environment holds MARKER=marker (and GPU_CHECK_NAME=name, when given)."""
+    wanted = [f"{MARKER}={marker}".encode()] + ([f"GPU_CHECK_NAME={name}".encode()] if name else [])
+    pids = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/environ", "rb") as f:
+                    env = f.read().split(b"\0")
+            except OSError:  # gone, or not ours
+                continue
+            if all(w in env for w in wanted):
+                pids.append(int(entry.name))
+    return pids
+
+
+def kill_marked(marker: str, name: str | None = None) -> None:
+    """SIGKILL every marked process, again until none is left (one may start another meanwhile)."""
+    for _ in range(100):
+        pids = marked(marker, name)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
 
 
 def final_step(run_dir: Path) -> tuple[int, int]:
@@ -239,12 +327,6 @@ def local_steps(flags: str) -> int:
     return flag(flags, "--local-num-envs") * flag(flags, "--num-steps")
 
 
-def scripts() -> list[str]:
-    """Every script of the package: the files the checks run at world size 1."""
-    return sorted(p.name for p in (REPO / "cleanrl_ddp").glob("*_multigpu.py"))
-
-
-# ---------------------------------------------------------------------------------------------- checks
 def missing(script: str) -> str:
     """Why `script` cannot run here (a module beyond `pip install -e .`), or "" when it can."""
     import importlib.util
@@ -255,9 +337,9 @@ def missing(script: str) -> str:
     )
 
 
+# ---------------------------------------------------------------------------------------------- checks
 def check_script(c: Check, script: str) -> Result:
     name = f"script:{script}"
-    c.attempted.add(name)
     if script not in FEW_ITERATIONS:
         return Result(name, "FAIL", "no row for it in FEW_ITERATIONS (benchmark/gpu_check.py): add its flags")
     if missing(script):
@@ -266,7 +348,7 @@ def check_script(c: Check, script: str) -> Result:
     run_name = f"check-{script.removesuffix('.py')}"
     cmd = c.command(script, [*shlex.split(flags), "--total-timesteps", total, "--seed", 1, *c.device_flags])
     cmd += ["--runs-dir", str(c.runs), "--run-name", run_name, "--checkpoint-every", "0"]
-    code, out, seconds = c.run(name, cmd)
+    code, out, _ = c.run(name, cmd)
     if code != 0:
         return c.failed(name, code, out)
     wrong = c.expected_device(out, script, 1, "none (one process)")
@@ -277,21 +359,21 @@ def check_script(c: Check, script: str) -> Result:
         return c.failed(name, code, out, f"its checkpoint is at global step {step}, not {total}")
     c.trained[script] = c.runs / run_name
     device = "cuda:0" if c.device == "cuda" else "cpu"
-    return Result(name, "ok", f"world size 1 on {device}, global step {total}, exit 0 in {seconds:.1f} s")
+    return Result(name, "ok", f"world size 1 on {device}, global step {total}, exit 0")
 
 
 def check_two_ranks(c: Check, script: str, kind: str, extra=()) -> Result:
     """`script` on 2 ranks sharing the device (gloo) for twice its few iterations, replicas compared every iteration;
-    `kind` names the check (gloo, flat, compile) and `extra` its flags."""
+    `kind` names the check (gloo, flat, compile, compile-flat) and `extra` its flags."""
     name = f"{kind}:{script}"
     if missing(script):
         return Result(name, "skip", missing(script))
     flags, total = FEW_ITERATIONS[script]
-    run_name = f"check-{kind}-{script.removesuffix('.py')}-{len(extra)}"
+    run_name = f"check-{kind}-{script.removesuffix('.py')}"
     cmd = c.command(script, [*shlex.split(flags), "--total-timesteps", 2 * total, *extra, *c.device_flags], nproc=2)
     cmd += ["--backend", "gloo", "--sync-check-every", "1", "--runs-dir", str(c.runs), "--run-name", run_name]
     cmd += ["--checkpoint-every", "0"]
-    code, out, seconds = c.run(name, cmd)
+    code, out, _ = c.run(name, cmd)
     if code != 0:
         return c.failed(name, code, out)
     wrong = c.expected_device(out, script, 2, "gloo")
@@ -304,7 +386,7 @@ def check_two_ranks(c: Check, script: str, kind: str, extra=()) -> Result:
         name,
         "ok",
         f"2 ranks sharing the device{' with ' + ' '.join(extra) if extra else ''}, replicas equal after every "
-        f"iteration, global step {2 * total} in {seconds:.1f} s",
+        f"iteration, global step {2 * total}",
     )
 
 
@@ -316,12 +398,13 @@ def check_flat(c: Check, script: str) -> Result:
     return check_two_ranks(c, script, "flat", ["--grad-sync", "flat"])
 
 
-def check_compile(c: Check, script: str) -> list[Result]:
-    """--compile on 2 ranks: under DDP, then with --grad-sync flat."""
-    return [
-        check_two_ranks(c, script, "compile", ["--compile"]),
-        check_two_ranks(c, script, "compile", ["--compile", "--grad-sync", "flat"]),
-    ]
+def check_compile(c: Check, script: str) -> Result:
+    """--compile on 2 ranks under DDP (CUDA graphs on CUDA)."""
+    return check_two_ranks(c, script, "compile", ["--compile"])
+
+
+def check_compile_flat(c: Check, script: str) -> Result:
+    return check_two_ranks(c, script, "compile-flat", ["--compile", "--grad-sync", "flat"])
 
 
 NCCL_ONE = """
@@ -359,10 +442,10 @@ def check_nccl_one(c: Check) -> Result:
     name = "nccl-1"
     if c.device != "cuda":
         return Result(name, "skip", "NCCL needs CUDA")
-    code, out, seconds = c.run(name, [sys.executable, "-c", NCCL_ONE])
+    code, out, _ = c.run(name, [sys.executable, "-c", NCCL_ONE])
     if code != 0 or "nccl-1: " not in out:
         return c.failed(name, code, out)
-    return Result(name, "ok", f"{out.strip().splitlines()[-1][8:]} in {seconds:.1f} s")
+    return Result(name, "ok", out.strip().splitlines()[-1][8:])
 
 
 SYNC_DEBUG = """
@@ -385,7 +468,7 @@ def check_sync_debug(c: Check, script: str) -> Result:
     run_name = f"check-sync-{script.removesuffix('.py')}"
     cmd = c.command(script, [*shlex.split(flags), "--total-timesteps", total, "--seed", 1, *c.device_flags])
     cmd = [sys.executable, "-c", SYNC_DEBUG, *cmd[1:], "--runs-dir", str(c.runs), "--run-name", run_name]
-    code, out, seconds = c.run(name, cmd)
+    code, out, _ = c.run(name, cmd)
     if code != 0:
         return c.failed(name, code, out)
     syncs = len(re.findall(r"called a synchronizing CUDA operation", out))
@@ -393,39 +476,39 @@ def check_sync_debug(c: Check, script: str) -> Result:
         name,
         "ok",
         f"{syncs} synchronizing CUDA operations over {total} env steps ({syncs / total:.2f} per env step, set-up, "
-        f"logging and checkpoint included) in {seconds:.1f} s",
+        "logging and checkpoint included)",
     )
 
 
-def check_compile_speed(c: Check) -> list[Result]:
-    """Steady SPS of the Atari PPO and SAC at world size 1, eager then --compile, in this call."""
+def check_compile_speed(c: Check, script: str) -> Result:
+    """`script` at world size 1, eager then --compile, in this call: both end at their exact step; steady SPS."""
     from benchmark import throughput as tp
     from benchmark.events import read_scalar_events
 
-    results = []
-    for script, (flags, warmup) in c.budget.speed_iterations.items():
-        name = f"compile-speed {script.removesuffix('.py')}"
-        sps = {}
-        for compiled in (False, True):
-            run_name = f"check-speed-{script.removesuffix('.py')}-{int(compiled)}"
-            cmd = c.command(script, [*shlex.split(flags), *(["--compile"] if compiled else []), *c.device_flags])
-            cmd += ["--runs-dir", str(c.runs), "--run-name", run_name, "--checkpoint-every", "0"]
-            code, out, _ = c.run(name, cmd)
-            if code != 0:
-                break
-            sps[compiled] = tp.steady_sps(read_scalar_events(c.runs / run_name)[tp.SPS_TAG], warmup)
-        if len(sps) < 2:
-            results.append(c.failed(name, code, out))
-            continue
-        results.append(
-            Result(
-                name,
-                "ok",
-                f"{sps[False]:,.0f} SPS eager, {sps[True]:,.0f} SPS with --compile ({sps[True] / sps[False]:.2f}x), "
-                "steady (compile time excluded)",
-            )
-        )
-    return results
+    name = f"compile-speed:{script}"
+    flags, total, warmup = c.budget.speed_runs[script]
+    sps = {}
+    for compiled in (False, True):
+        run_name = f"check-speed-{script.removesuffix('.py')}-{int(compiled)}"
+        cmd = c.command(script, [*shlex.split(flags), *(["--compile"] if compiled else []), *c.device_flags])
+        cmd += ["--runs-dir", str(c.runs), "--run-name", run_name, "--checkpoint-every", "0"]
+        label = "the compiled run" if compiled else "the eager run"
+        log_name = f"{name} {'compiled' if compiled else 'eager'}"
+        code, out, seconds = c.run(log_name, cmd)
+        if code != 0:
+            why = f"killed at its limit of {c.limit(name):.0f} s" if code is None else f"exited {code}"
+            return c.failed(name, code, out, f"{label} {why}", log_name)
+        step, _ = final_step(c.runs / run_name)
+        if step != total:
+            return c.failed(name, code, out, f"{label} ended at global step {step}, not {total}", log_name)
+        sps[compiled] = (tp.steady_sps(read_scalar_events(c.runs / run_name)[tp.SPS_TAG], warmup), seconds)
+    (eager, eager_s), (compiled, compiled_s) = sps[False], sps[True]
+    return Result(
+        name,
+        "ok",
+        f"{eager:,.0f} SPS eager ({eager_s:.0f} s), {compiled:,.0f} SPS with --compile ({compiled_s:.0f} s, the "
+        f"compile included): {compiled / eager:.2f}x steady (compile time excluded), both at global step {total}",
+    )
 
 
 def check_nccl_guard(c: Check) -> Result:
@@ -433,7 +516,7 @@ def check_nccl_guard(c: Check) -> Result:
     --no-cuda: the line that NCCL needs CUDA)."""
     name = "nccl-guard"
     cmd = c.command(ATARI, ["--backend", "nccl", *c.device_flags, "--runs-dir", str(c.runs / "nccl")], nproc=2)
-    code, out, seconds = c.run(name, cmd)
+    code, out, _ = c.run(name, cmd)
     stem = ATARI.removesuffix(".py")
     errors = [line for line in out.splitlines() if line.startswith(f"{stem}: error:")]
     expected = "NCCL cannot put two ranks on one GPU" if c.device == "cuda" else "--backend nccl needs CUDA"
@@ -441,7 +524,7 @@ def check_nccl_guard(c: Check) -> Result:
         return c.failed(name, code, out, f"expected one line '{stem}: error: {expected} ...' and a non-zero exit")
     if f'cleanrl_ddp/{ATARI}", line' in out or (c.runs / "nccl").exists():
         return c.failed(name, code, out, "a traceback from the script, or a run directory: it got past its start")
-    return Result(name, "ok", f"exit {code} in {seconds:.1f} s with one line: {errors[0][len(stem) + 9 :][:90]}")
+    return Result(name, "ok", f"exit {code} with one line: {errors[0][len(stem) + 9 :][:90]}")
 
 
 def check_evaluate(c: Check) -> list[Result]:
@@ -450,11 +533,9 @@ def check_evaluate(c: Check) -> list[Result]:
     untrained agent's games end (greedy, it may never press FIRE)."""
     results = []
     if ATARI not in c.trained:
-        if f"script:{ATARI}" in c.attempted:
-            return [Result("evaluate", "FAIL", f"no checkpoint to evaluate: script:{ATARI} failed")]
-        results.append(check_script(c, ATARI))
+        results.append(timed(check_script, c, ATARI))
         if results[-1].status != "ok":
-            return results
+            return [*results, Result("evaluate", "FAIL", f"no checkpoint to evaluate: script:{ATARI} failed")]
     for device in dict.fromkeys([c.device, "cpu"]):
         name = f"evaluate on {device}"
         cmd = [sys.executable, "-m", "cleanrl_ddp.evaluate", str(c.trained[ATARI]), "--episodes", "2", "--sample"]
@@ -462,8 +543,9 @@ def check_evaluate(c: Check) -> list[Result]:
         line = next((line for line in out.splitlines() if " return " in line and "±" in line), None)
         if code != 0 or line is None:
             results.append(c.failed(name, code, out))
-            continue
-        results.append(Result(name, "ok", f"{line.split(': ', 1)[1][:110]} in {seconds:.1f} s"))
+        else:
+            results.append(Result(name, "ok", line.split(": ", 1)[1][:110]))
+        results[-1].seconds = seconds
     return results
 
 
@@ -478,22 +560,17 @@ def check_resume(c: Check) -> Result:
     cmd = c.command(ATARI, [*flags, "--total-timesteps", total, *c.device_flags, "--backend", "gloo"], nproc=2)
     cmd += ["--runs-dir", str(c.runs), "--run-name", run_dir.name, "--checkpoint-every", "1"]
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=REPO, env=c.env, start_new_session=True, **PIPES)
+    proc = c.start(name, cmd)
     while not (run_dir / "checkpoint.pt").exists() and proc.poll() is None:
         if time.monotonic() - start > c.limit(name):
             break
         time.sleep(0.05)
     if proc.poll() is None and (run_dir / "checkpoint.pt").exists():
         os.kill(proc.pid, signal.SIGTERM)  # torchrun forwards it to every rank
-    try:
-        out, _ = proc.communicate(timeout=c.limit(name))
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-    c.log(name, cmd, out)
+    code, out = c.finish(name, proc)
     stopped = re.search(r"preempted by a signal at global step (\d+);", out)
     if stopped is None:
-        return c.failed(name, proc.returncode, out, "the 2-rank run did not stop on SIGTERM with a checkpoint")
+        return c.failed(name, code, out, "the 2-rank run did not stop on SIGTERM with a checkpoint")
     stopped_step = int(stopped.group(1))
     resumed = f"{name} at world size 1"
     code, out, seconds = c.run(resumed, c.command(ATARI, ["--resume", run_dir, *c.device_flags]))
@@ -512,35 +589,38 @@ def check_resume(c: Check) -> Result:
     )
 
 
+THROUGHPUT = """
+import json, sys
+from benchmark import throughput as tp
+script, env_id, num_envs, num_steps, iterations, warmup, ceiling_steps, timeout, *extra = sys.argv[1:]
+sizes = dict(local_num_envs=int(num_envs), num_steps=int(num_steps), extra=extra)
+out = tp.run_once(script, env_id, 1, 1, [], sizes, int(iterations), float(timeout))
+sps = tp.steady_sps(out["events"][tp.SPS_TAG], int(warmup))
+ceiling = tp.env_ceiling(script, env_id, 1, int(num_envs), int(ceiling_steps))
+print("throughput:", json.dumps(dict(sps=sps, ceiling=ceiling)))
+"""
+
+
 def check_throughput(c: Check) -> list[Result]:
     """benchmark/throughput.py's steady SPS of the Atari PPO at world size 1 and the env-only ceiling, in this call."""
-    from benchmark import throughput as tp
-
     b, results = c.budget, []
-    script = str(REPO / "cleanrl_ddp" / ATARI)
     for num_envs in b.throughput_envs:
         name = f"throughput {num_envs} envs"
-        sizes = dict(local_num_envs=num_envs, num_steps=b.throughput_num_steps, extra=c.device_flags)
-        try:
-            out = tp.run_once(script, ENV_ID, 1, 1, [], sizes, b.throughput_iterations, c.limit(name))
-            sps = tp.steady_sps(out["events"][tp.SPS_TAG], b.throughput_warmup)
-            ceiling = tp.env_ceiling(script, ENV_ID, 1, num_envs, b.ceiling_steps)
-        except Exception as e:  # a failed run: its command and output are in the message
-            c.log(name, [], str(e))
-            results.append(c.failed(name, 1, str(e), f"{type(e).__name__}"))
+        args = [num_envs, b.throughput_num_steps, b.throughput_iterations, b.throughput_warmup, b.ceiling_steps]
+        cmd = [sys.executable, "-c", THROUGHPUT, str(REPO / "cleanrl_ddp" / ATARI), ENV_ID, *args, c.limit(name)]
+        code, out, seconds = c.run(name, [*map(str, cmd), *c.device_flags])
+        figures = re.search(r"^throughput: (.*)$", out, re.MULTILINE)
+        if code != 0 or figures is None:
+            results.append(c.failed(name, code, out))
+            results[-1].seconds = seconds
             continue
+        sps, ceiling = json.loads(figures.group(1)).values()
         goal = GOALS.get(num_envs)
         goal_text = f" (goal {100 * goal:.0f}%: {'met' if sps >= goal * ceiling else 'not met'})" if goal else ""
-        results.append(
-            Result(
-                name,
-                "ok",
-                f"{ATARI} {sps:,.0f} SPS = {100 * sps / ceiling:.0f}% of the env-only ceiling "
-                f"{ceiling:,.0f} of this call{goal_text}",
-            )
-        )
+        figure = f"{ATARI} {sps:,.0f} SPS = {100 * sps / ceiling:.0f}% of the env-only ceiling {ceiling:,.0f} of this"
+        results.append(Result(name, "ok", f"{figure} call{goal_text}", seconds))
         if num_envs == b.throughput_envs[0]:
-            results.append(check_cleanrl(c, num_envs, sps))
+            results.append(timed(check_cleanrl, c, num_envs, sps))
     return results
 
 
@@ -564,33 +644,49 @@ def check_cleanrl(c: Check, num_envs: int, our_sps: float) -> Result:
     cmd += ["--num-steps", str(b.throughput_num_steps), "--total-timesteps", str(total)]
     cmd += [] if c.device == "cuda" else ["--no-cuda"]
     env = {**c.env, "PYTHONPATH": os.pathsep.join([str(script.parent.parent), c.env["PYTHONPATH"]])}
-    start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=workdir, env=env, start_new_session=True, **PIPES)
-    try:
-        out, _ = proc.communicate(timeout=c.limit(name))
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-    c.log(name, cmd, out)
+    code, out, _ = c.run(name, cmd, env=env, cwd=workdir)
     run_dirs = sorted((workdir / "runs").glob("*")) if (workdir / "runs").is_dir() else []
-    if proc.returncode != 0 or not run_dirs:
-        return c.failed(name, proc.returncode, out)
+    if code != 0 or not run_dirs:
+        return c.failed(name, code, out)
     try:
         sps = tp.steady_sps(read_scalar_events(run_dirs[-1])[tp.SPS_TAG], b.throughput_warmup)
     except (KeyError, ValueError) as e:
-        return c.failed(name, proc.returncode, out, f"no steady charts/SPS: {e}")
+        return c.failed(name, code, out, f"no steady charts/SPS: {e}")
     ratio = our_sps / sps
     met = "met" if ratio >= CLEANRL_GOAL else "not met"
-    return Result(
-        name,
-        "ok",
-        f"CleanRL's {script.name} {sps:,.0f} SPS; {ATARI} {ratio:.2f}x of it "
-        f"(goal {CLEANRL_GOAL:.0f}x: {met}) in {time.monotonic() - start:.0f} s",
-    )
+    figure = f"CleanRL's {script.name} {sps:,.0f} SPS; {ATARI} {ratio:.2f}x of it"
+    return Result(name, "ok", f"{figure} (goal {CLEANRL_GOAL:.0f}x: {met})")
 
 
-def selected(only: list[str] | None, name: str) -> bool:
-    return not only or any(name == o or name.startswith(f"{o}:") for o in only)
+CHECKS = {"script": check_script, "gloo": check_gloo, "flat": check_flat, "compile": check_compile}
+CHECKS |= {"compile-flat": check_compile_flat, "compile-speed": check_compile_speed, "sync-debug": check_sync_debug}
+CHECKS |= {"nccl-1": check_nccl_one, "nccl-guard": check_nccl_guard, "resume": check_resume}
+CHECKS |= {"evaluate": check_evaluate, "throughput": check_throughput}
+
+
+def timed(check, c: Check, *args) -> Result:
+    """`check(c, *args)`, with its seconds where the check did not set them."""
+    start = time.monotonic()
+    result = check(c, *args)
+    if not result.seconds:
+        result.seconds = time.monotonic() - start
+    return result
+
+
+def run_check(c: Check, name: str) -> None:
+    """Run check `name` (`kind:script` or a single check) and report each of its results as it comes."""
+    kind, _, script = name.partition(":")
+    start = time.monotonic()
+    try:
+        results = CHECKS[kind](c, *([script] if script else []))
+    except InterruptedError:
+        return
+    except Exception as e:  # a check that broke (a missing file, ...): its line, and the next check
+        results = Result(name, "FAIL", f"the check itself failed: {type(e).__name__}: {e}")
+    for result in results if isinstance(results, list) else [results]:
+        if not result.seconds:
+            result.seconds = time.monotonic() - start
+        c.report(result)
 
 
 def machine(device: str) -> str:
@@ -602,17 +698,25 @@ def machine(device: str) -> str:
     return f"{platform.processor() or platform.machine()} CPU, torch {torch.__version__}, {cores} cores"
 
 
+def count(summary: Path) -> dict:
+    lines = summary.read_text().splitlines()
+    return {s: sum(line.startswith(f"{s} ") for line in lines) for s in ("ok", "FAIL", "skip")}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmark.gpu_check",
         description=__doc__.split("\n\n")[0],
-        epilog=f"checks: {', '.join(CHECK_NAMES)} (script:<name> for one script)",
+        epilog=f"checks: {', '.join(PER_SCRIPT)} (each as <check>:<script>), {', '.join(SINGLE)}",
     )
+    profile = parser.add_mutually_exclusive_group()
+    profile.add_argument("--quick", action="store_true", help="the quick profile (the default): about 6 minutes")
+    profile.add_argument("--full", action="store_true", help="every check, one at a time: about 20-30 minutes")
     parser.add_argument(
         "--device",
         choices=["cuda", "cpu"],
         default="cuda",
-        help="cpu: every check on the CPU at tiny sizes, as the CPU test runs it (default: cuda)",
+        help="cpu: the checks on the CPU at tiny sizes, as the CPU test runs them (default: cuda)",
     )
     parser.add_argument(
         "--cleanrl-script",
@@ -620,62 +724,72 @@ def main(argv=None) -> int:
         help="CleanRL's cleanrl/ppo_atari_multigpu.py in a CleanRL checkout, to measure next to ours "
         "(default: $CLEANRL_PPO_ATARI_MULTIGPU; skipped when neither is set)",
     )
-    parser.add_argument("--only", nargs="+", metavar="CHECK", help="run only these checks (default: all)")
-    parser.add_argument("--out", type=Path, help="folder for the runs and logs (default: runs/gpu_check/<UTC time>)")
+    parser.add_argument("--only", nargs="+", metavar="CHECK", help="run only these checks of the profile")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="an empty or new folder for summary.txt, logs/ and runs/ (default: gpu_check/<UTC time> in the "
+        "system's temporary folder)",
+    )
     args = parser.parse_args(argv)
+    steps = full_profile() if args.full else quick_profile()
+    in_profile = {name for step in steps for name in step}
     for o in args.only or []:
-        kind, _, script = o.partition(":")
-        if kind not in CHECK_NAMES or (script and script not in (COMPILED if kind == "compile" else scripts())):
-            parser.error(
-                f"--only {o}: not a check; the checks are {', '.join(CHECK_NAMES)}, or script:<name> for one of "
-                f"{', '.join(scripts())}"
-            )
+        if o not in in_profile:
+            known = f"{', '.join(PER_SCRIPT)} as <check>:<script> for one of {', '.join(scripts())}"
+            known += f"; {', '.join(SINGLE)}"
+            where = "" if args.full or o not in {n for s in full_profile() for n in s} else " (it is in --full)"
+            parser.error(f"--only {o}: not a check of this profile{where}; the checks are {known}")
+    if args.only:
+        steps = [[name for name in step if name in args.only] for step in steps]
+        steps = [step for step in steps if step]
 
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_check: no CUDA device here (torch.cuda.is_available() is False): nothing checked")
         return 0
-    out = args.out or REPO / "runs" / "gpu_check" / time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    out = args.out or Path(tempfile.gettempdir()) / "gpu_check" / stamp
     if out.exists() and any(out.iterdir()):  # a run directory there would be resumed, not started
         parser.error(f"--out {out} is not empty")
     c = Check(args.device, GPU_BUDGET if args.device == "cuda" else CPU_BUDGET, out, args.cleanrl_script)
     start = time.monotonic()
-    print(f"gpu_check on {args.device}: {machine(args.device)}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    results = []
+    profile_name = "full" if args.full else "quick"
+    header = f"gpu_check --{profile_name} on {args.device}: {machine(args.device)}; "
+    header += time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    append(c.summary, header)
+    print(header, flush=True)
+    running = {}  # future -> check name
 
-    def report(new):
-        for r in new if isinstance(new, list) else [new]:
-            print(r.line(), flush=True)
-            results.append(r)
+    def stop(signum, frame):
+        with c.lock:
+            c.stopping = True
+        kill_marked(c.marker)
+        unfinished = ", ".join(sorted(running.values())) or "none"
+        line = f"gpu_check: interrupted by {signal.Signals(signum).name} after {time.monotonic() - start:.0f} s"
+        with c.lock:
+            append(c.summary, f"{line}; unfinished: {unfinished}")
+        print(f"{line}; unfinished: {unfinished}", flush=True)
+        os._exit(128 + signum)  # the threads wait on processes that are gone: nothing of theirs is left to report
 
-    per_script = [("script", check_script, scripts()), ("gloo", check_gloo, scripts()), ("flat", check_flat, scripts())]
-    per_script += [("compile", check_compile, COMPILED), ("sync-debug", check_sync_debug, scripts())]
-    for kind, check, names in per_script:
-        for script in names:
-            if selected(args.only, f"{kind}:{script}"):
-                try:
-                    report(check(c, script))
-                except Exception as e:
-                    report(Result(f"{kind}:{script}", "FAIL", f"the check itself failed: {type(e).__name__}: {e}"))
-    for name, check in [
-        ("nccl-1", check_nccl_one),
-        ("compile-speed", check_compile_speed),
-        ("nccl-guard", check_nccl_guard),
-        ("resume", check_resume),
-        ("evaluate", check_evaluate),
-        ("throughput", check_throughput),
-    ]:
-        if selected(args.only, name):
-            try:
-                report(check(c))
-            except Exception as e:  # a check that broke (a missing file, ...): its line, and the next check
-                report(Result(name, "FAIL", f"the check itself failed: {type(e).__name__}: {e}"))
-    counts = {s: sum(r.status == s for r in results) for s in ("ok", "FAIL", "skip")}
-    print(
+    handlers = {signum: signal.signal(signum, stop) for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    with ThreadPoolExecutor(max_workers=max(map(len, steps))) as pool:
+        for step in steps:
+            running.update({pool.submit(run_check, c, name): name for name in step})
+            while running:
+                done, _ = wait(list(running), timeout=0.5, return_when=FIRST_COMPLETED)
+                for future in done:
+                    running.pop(future)
+    for signum, handler in handlers.items():  # as they were (a test calls main() in its own process)
+        signal.signal(signum, handler)
+    counts = count(c.summary)
+    line = (
         f"gpu_check: {counts['ok']} ok, {counts['FAIL']} FAIL, {counts['skip']} skipped in "
         f"{(time.monotonic() - start) / 60:.1f} min; logs in {c.logs}"
     )
+    append(c.summary, line)
+    print(line)
     return 1 if counts["FAIL"] else 0
 
 

@@ -1,10 +1,13 @@
 """benchmark/gpu_check.py: on this machine (no CUDA) it says so in one line and exits 0; its real checks run end to
-end with `--device cpu` at tiny sizes, one line each and a summary; a failing check prints FAIL and exits 1; every
+end with `--device cpu` at tiny sizes, one line each in OUT/summary.txt and on stdout; a failing check prints FAIL
+and exits 1; killed partway, it keeps the lines of the checks that finished and leaves no process behind; every
 script of the package has its few-iteration flags."""
 
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -27,6 +30,8 @@ def test_without_cuda_it_says_so_in_one_line_and_exits_0():
     ]
     proc = check("--only", "everything")
     assert proc.returncode == 2 and "--only everything: not a check" in proc.stderr, proc.stderr
+    proc = check("--only", "nccl-guard")
+    assert proc.returncode == 2 and "--only nccl-guard: not a check of this profile (it is in --full)" in proc.stderr
 
 
 def test_every_script_has_its_few_iteration_flags():
@@ -40,21 +45,65 @@ def test_the_checks_run_on_the_cpu_one_line_each(tmp_path):
     2-rank run resumed on one rank to its exact step, whose checkpoint is then evaluated, and the throughput next
     to the ceiling; CleanRL's script is skipped, as nothing points at it."""
     only = ["script:ppo_multigpu.py", "nccl-guard", "resume", "evaluate", "throughput"]
-    proc = check("--device", "cpu", "--only", *only, "--out", tmp_path)
+    proc = check("--device", "cpu", "--full", "--only", *only, "--out", tmp_path)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
     lines = [line for line in proc.stdout.splitlines() if re.match(r"(ok|FAIL|skip) ", line)]
     names = [re.match(r"\w+ +([^:]+):", line).group(1) for line in lines]
     assert names == ["script", "nccl-guard", "resume", "evaluate on cpu", "throughput 2 envs", "cleanrl 2 envs"], output
     assert lines[0].startswith("ok    script:ppo_multigpu.py: world size 1 on cpu, global step 384, exit 0"), output
-    assert lines[1].startswith("ok    nccl-guard: exit 1 in ") and "--backend nccl needs CUDA" in lines[1], output
+    assert (
+        lines[1].startswith("ok    nccl-guard: exit 1 with one line: ") and "--backend nccl needs CUDA" in lines[1]
+    ), output
     stopped = int(re.search(r"stopped at global step (\d+) of 960 ", lines[2]).group(1))
     assert 0 < stopped < 960 and "resumed on 1 rank to exactly 960" in lines[2], lines[2]
     assert re.match(r"ok    evaluate on cpu: return -?[\d.]+ ± [\d.]+ \(mean ± std over 2 sampled episodes", lines[3])
     assert re.search(r"[\d,]+ SPS = \d+% of the env-only ceiling [\d,]+ of this call", lines[4]), lines[4]
     assert lines[5].startswith("skip  cleanrl 2 envs: no --cleanrl-script")
     assert re.match(r"gpu_check: 5 ok, 0 FAIL, 1 skipped in [\d.]+ min", proc.stdout.splitlines()[-1]), output
+    assert all(re.search(r" \[\d+ s\]$", line) for line in lines), lines  # each check's seconds
     assert (tmp_path / "logs" / "resume.log").read_text().startswith("$ ")
+    summary = (tmp_path / "summary.txt").read_text().splitlines()
+    assert summary[0].startswith("gpu_check --full on cpu: ") and summary[1:] == proc.stdout.splitlines()[1:], summary
+
+
+def test_killed_it_keeps_the_finished_checks_and_leaves_no_process(tmp_path):
+    """SIGTERM while two 2-rank checks run (torchrun starts its ranks in sessions of their own): the finished
+    check's line stays in summary.txt, the running checks are named unfinished there, their logs hold what they
+    printed so far, and no process that gpu_check started is left."""
+    out = tmp_path / "out"
+    only = ["nccl-1", "gloo:ppo_atari_multigpu.py", "flat:ppo_atari_multigpu.py"]
+    cmd = [sys.executable, "-m", "benchmark.gpu_check", "--device", "cpu", "--out", str(out), "--only", *only]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    logs = [out / "logs" / f"{kind}_ppo_atari_multigpu.py.log" for kind in ("gloo", "flat")]
+    deadline = time.monotonic() + 300
+    while not all(log.exists() and "ppo_atari_multigpu: 2 rank(s)" in log.read_text() for log in logs):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+        time.sleep(0.1)
+    started = gpu_check.marked(str(out.resolve()))
+    assert len(started) >= 6, started  # 2 torchruns and their 4 ranks
+    proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 128 + signal.SIGTERM, output
+    summary = (out / "summary.txt").read_text().splitlines()
+    assert summary[1] == "skip  nccl-1: NCCL needs CUDA [0 s]", summary
+    assert re.fullmatch(
+        r"gpu_check: interrupted by SIGTERM after \d+ s; unfinished: flat:ppo_atari_multigpu.py, "
+        r"gloo:ppo_atari_multigpu.py",
+        summary[2],
+    ), summary
+    assert len(summary) == 3, summary
+    alive = [pid for pid in started if alive_process(pid)]
+    assert not alive, f"left running: {alive}"
+
+
+def alive_process(pid: int) -> bool:
+    """A process that exists and is not a zombie (one whose parent has not reaped it is dead all the same)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_a_failed_check_is_a_fail_line_and_exit_1(tmp_path, monkeypatch, capsys):
@@ -64,6 +113,6 @@ def test_a_failed_check_is_a_fail_line_and_exit_1(tmp_path, monkeypatch, capsys)
     lines = capsys.readouterr().out.splitlines()
     assert (
         lines[1]
-        == "FAIL  script:ppo_multigpu.py: no row for it in FEW_ITERATIONS (benchmark/gpu_check.py): add its flags"
+        == "FAIL  script:ppo_multigpu.py: no row for it in FEW_ITERATIONS (benchmark/gpu_check.py): add its flags [0 s]"
     )
     assert lines[2].startswith("gpu_check: 0 ok, 1 FAIL, 0 skipped")
