@@ -362,6 +362,17 @@ def check_script(c: Check, script: str) -> Result:
     return Result(name, "ok", f"world size 1 on {device}, global step {total}, exit 0")
 
 
+# torch's own logs of the compiled runs: a graph that runs without CUDA graphs ("skipping cudagraphs due to ...")
+# and a function compiled again ("Recompiling function ...")
+COMPILE_LOGS = {"TORCH_LOGS": "perf_hints,cudagraphs,recompiles"}
+
+
+def compile_notes(out: str) -> tuple[list[str], int]:
+    """(the distinct reasons torch gave for running a compiled graph without CUDA graphs, the recompilations)."""
+    skips = sorted(set(re.findall(r"skipping cudagraphs due to ([^\n]{0,150})", out)))
+    return skips, len(re.findall(r"Recompiling function", out))
+
+
 def check_two_ranks(c: Check, script: str, kind: str, extra=()) -> Result:
     """`script` on 2 ranks sharing the device (gloo) for twice its few iterations, replicas compared every iteration;
     `kind` names the check (gloo, flat, compile, compile-flat) and `extra` its flags."""
@@ -373,20 +384,24 @@ def check_two_ranks(c: Check, script: str, kind: str, extra=()) -> Result:
     cmd = c.command(script, [*shlex.split(flags), "--total-timesteps", 2 * total, *extra, *c.device_flags], nproc=2)
     cmd += ["--backend", "gloo", "--sync-check-every", "1", "--runs-dir", str(c.runs), "--run-name", run_name]
     cmd += ["--checkpoint-every", "0"]
-    code, out, _ = c.run(name, cmd)
+    code, out, _ = c.run(name, cmd, env={**c.env, **COMPILE_LOGS} if "--compile" in extra else None)
     if code != 0:
         return c.failed(name, code, out)
+    skips, recompiles = compile_notes(out)
+    if skips and c.device == "cuda":
+        return c.failed(name, code, out, f"compiled graphs ran without CUDA graphs: {'; '.join(skips)}")
     wrong = c.expected_device(out, script, 2, "gloo")
     if wrong:
         return c.failed(name, code, out, wrong)
     step, world_size = final_step(c.runs / run_name)
     if (step, world_size) != (2 * total, 2):
         return c.failed(name, code, out, f"its checkpoint is at global step {step}, world size {world_size}")
+    compiled = f", {recompiles} recompilation(s) on both ranks" if "--compile" in extra else ""
     return Result(
         name,
         "ok",
         f"2 ranks sharing the device{' with ' + ' '.join(extra) if extra else ''}, replicas equal after every "
-        f"iteration, global step {2 * total}",
+        f"iteration, global step {2 * total}{compiled}",
     )
 
 
@@ -494,7 +509,7 @@ def check_compile_speed(c: Check, script: str) -> Result:
         cmd += ["--runs-dir", str(c.runs), "--run-name", run_name, "--checkpoint-every", "0"]
         label = "the compiled run" if compiled else "the eager run"
         log_name = f"{name} {'compiled' if compiled else 'eager'}"
-        code, out, seconds = c.run(log_name, cmd)
+        code, out, seconds = c.run(log_name, cmd, env={**c.env, **COMPILE_LOGS} if compiled else None)
         if code != 0:
             why = f"killed at its limit of {c.limit(name):.0f} s" if code is None else f"exited {code}"
             return c.failed(name, code, out, f"{label} {why}", log_name)
@@ -502,12 +517,16 @@ def check_compile_speed(c: Check, script: str) -> Result:
         if step != total:
             return c.failed(name, code, out, f"{label} ended at global step {step}, not {total}", log_name)
         sps[compiled] = (tp.steady_sps(read_scalar_events(c.runs / run_name)[tp.SPS_TAG], warmup), seconds)
+    skips, recompiles = compile_notes(out)
+    if skips and c.device == "cuda":
+        return c.failed(name, code, out, f"compiled graphs ran without CUDA graphs: {'; '.join(skips)}", log_name)
     (eager, eager_s), (compiled, compiled_s) = sps[False], sps[True]
     return Result(
         name,
         "ok",
         f"{eager:,.0f} SPS eager ({eager_s:.0f} s), {compiled:,.0f} SPS with --compile ({compiled_s:.0f} s, the "
-        f"compile included): {compiled / eager:.2f}x steady (compile time excluded), both at global step {total}",
+        f"compile included): {compiled / eager:.2f}x steady (compile time excluded), both at global step {total}, "
+        f"{recompiles} recompilation(s)",
     )
 
 
