@@ -251,8 +251,11 @@ def main() -> None:
         agent.load_state_dict(ckpt["agent"])
         optimizer.load_state_dict(ckpt["optimizer"])
         rt.resume_rng(run, ckpt, args.seed)  # each rank's own streams; at another world size, new ones
+    # gradients allocated once: backward accumulates into these same tensors, never into CUDA-graph memory (--compile)
+    for p in agent.parameters():
+        p.grad = torch.zeros_like(p)  # the parameter's memory format (channels-last), as DDP's buckets expect
     model = DDP(agent) if world_size > 1 and args.grad_sync == "ddp" else agent
-    # --compile: ppo_loss compiled, and through AOTAutograd its backward too (CUDA graphs on CUDA: static shapes)
+    # --compile: ppo_loss and, through AOTAutograd, its backward; the all-reduce, clipping and step stay eager
     loss_fn = torch.compile(ppo_loss, mode="reduce-overhead" if run.pin else None) if args.compile else ppo_loss
     eval_envs = make_eval_envs(args, args.eval_episodes, rt.video_dir(run)) if run.is_main and args.eval_every else None
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.precision == "bf16" else nullcontext()

@@ -81,7 +81,7 @@ class Args(rt.RunArgs):
     grad_sync: Literal["ddp", "flat"] = "ddp"
     """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
     compile: bool = False
-    """if toggled, `torch.compile` the two update functions (on CUDA with CUDA graphs: mode reduce-overhead)"""
+    """if toggled, `torch.compile` the three losses and their backward (CUDA: with CUDA graphs, mode reduce-overhead)"""
 
 
 def derive_sizes(args: Args, world_size: int) -> dict:
@@ -217,12 +217,13 @@ def main() -> None:
             dist.broadcast(tensor, src=0)
     qf_target = TwinQ(obs_dim, action_dim).to(device)
     qf_target.load_state_dict(qf.state_dict())  # a copy of the synchronised critics
-    q_optimizer = optim.Adam(qf.parameters(), lr=args.q_lr)
-    actor_optimizer = optim.Adam(actor.parameters(), lr=args.policy_lr)
+    # fused: one kernel per step for all parameters; its `step` counter stays on their device, a resumed one too
+    q_optimizer = optim.Adam(qf.parameters(), lr=args.q_lr, fused=True)
+    actor_optimizer = optim.Adam(actor.parameters(), lr=args.policy_lr, fused=True)
     # Automatic entropy tuning (log_alpha starts at 0 on every rank; with --no-autotune it stays unused)
     target_entropy = -float(action_dim)
     log_alpha = torch.zeros(1, requires_grad=True, device=device)
-    a_optimizer = optim.Adam([log_alpha], lr=args.q_lr)
+    a_optimizer = optim.Adam([log_alpha], lr=args.q_lr, fused=True)
     rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
     # every learned quantity, by its checkpoint key: all of them must stay identical on every rank
     learned = dict(actor=actor, qf=qf, qf_target=qf_target, actor_optimizer=actor_optimizer, q_optimizer=q_optimizer)
@@ -235,17 +236,20 @@ def main() -> None:
         with torch.no_grad():
             log_alpha.copy_(ckpt["log_alpha"])
         rt.resume_rng(run, ckpt, args.seed)  # each rank's own streams; at another world size, new ones
+    # gradients allocated once: backward accumulates into these same tensors, never into CUDA-graph memory (--compile)
+    for p in [*qf.parameters(), *actor.parameters(), log_alpha]:
+        p.grad = torch.zeros_like(p)
     # alpha stays a tensor on the device: reading it on the host would make every actor update wait for the GPU
     alpha = log_alpha.detach().exp() if args.autotune else torch.full((1,), args.alpha, device=device)
     ddp = world_size > 1 and args.grad_sync == "ddp"
     # the actor's buffers (action scale and bias) are constants, equal on every rank: no broadcast at every forward
     actor_model = DDP(actor, broadcast_buffers=False) if ddp else actor
     qf_model = DDP(qf) if ddp else qf
-    # --compile: the update functions below, compiled (CUDA graphs on CUDA, where the shapes are static)
+    # --compile: the losses and, through AOTAutograd, their backward; the updates around them stay eager
     compile_mode = "reduce-overhead" if device.type == "cuda" else None
-    critic_step, actor_step = update_critics, update_actor
-    if args.compile:
-        critic_step, actor_step = (torch.compile(f, mode=compile_mode) for f in (update_critics, update_actor))
+    critic_loss_fn, policy_loss_fn, temperature_loss_fn = (
+        torch.compile(f, mode=compile_mode) if args.compile else f for f in (critic_loss, policy_loss, temperature_loss)
+    )
     eval_envs = make_eval_envs(args, args.eval_episodes, rt.video_dir(run)) if run.is_main and args.eval_every else None
 
     # Envs are not checkpointed: a resumed run seeds its envs past the seeds earlier attempts used.
@@ -298,7 +302,9 @@ def main() -> None:
             update_start = time.perf_counter()
             for _ in range(args.updates_per_iteration):
                 data = rb.sample(args.local_batch_size)
-                critic_stats = critic_step(data, qf_model, qf, qf_target, actor, q_optimizer, alpha, args, world_size)
+                critic_stats = update_critics(
+                    data, qf_model, qf, qf_target, actor, q_optimizer, alpha, args, world_size, critic_loss_fn
+                )
                 num_updates += 1
                 sums["updates"] += 1
                 for k, v in zip(losses[:4], critic_stats, strict=True):  # device tensors until the logged step
@@ -306,9 +312,9 @@ def main() -> None:
 
                 if num_updates % args.policy_frequency == 0:  # TD3's delayed update
                     for _ in range(args.policy_frequency):  # compensate for the delay with as many actor updates
-                        actor_stats = actor_step(
+                        actor_stats = update_actor(
                             data["obs"], actor_model, actor, qf, actor_optimizer, log_alpha, alpha, a_optimizer, args,
-                            world_size, target_entropy
+                            world_size, target_entropy, policy_loss_fn, temperature_loss_fn
                         )  # fmt: skip
                         num_actor_updates += 1
                         sums["actor_updates"] += 1
@@ -418,15 +424,10 @@ def critic_loss(qf_model, qf_target, actor, obs, actions, rewards, next_obs, ter
 
 
 def policy_loss(actor_model, qf, obs, alpha):
-    """The actor's loss on one local batch; `actor_model` is the DDP-wrapped actor (or the plain one).
-
-    CRUCIAL: the critics are called unwrapped with their parameters frozen, so the actor's backward neither
-    reaches the critics' DDP hooks (an all-reduce the flat path would not make) nor leaves critic gradients behind.
-    """
+    """The actor's loss on one local batch; `actor_model` is the DDP-wrapped actor (or the plain one), `qf` the
+    unwrapped critics, frozen by the caller (`update_actor`)."""
     pi, log_pi, _ = actor_model(obs)
-    qf.requires_grad_(False)
     qf1_pi, qf2_pi = qf(obs, pi)
-    qf.requires_grad_(True)
     return ((alpha * log_pi.view(-1)) - torch.min(qf1_pi, qf2_pi)).mean()
 
 
@@ -437,10 +438,13 @@ def temperature_loss(actor, log_alpha, obs, target_entropy: float):
     return (-log_alpha.exp() * (log_pi + target_entropy)).mean()
 
 
-def update_critics(data: dict, qf_model, qf, qf_target, actor, q_optimizer, alpha, args: Args, world_size: int):
+def update_critics(
+    data: dict, qf_model, qf, qf_target, actor, q_optimizer, alpha, args: Args, world_size: int, critic_loss_fn
+):
     """One step of the twin critics on this rank's batch `data`, gradients averaged over ranks (`qf_model`'s DDP
-    hooks, or the flat all-reduce). Returns (mean qf1 value, mean qf2 value, qf1 loss, qf2 loss), on the device."""
-    qf1_a_values, qf2_a_values, qf1_loss, qf2_loss = critic_loss(
+    hooks, or the flat all-reduce). `critic_loss_fn` is `critic_loss`, compiled with --compile. Returns (mean qf1
+    value, mean qf2 value, qf1 loss, qf2 loss), on the device."""
+    qf1_a_values, qf2_a_values, qf1_loss, qf2_loss = critic_loss_fn(
         qf_model, qf_target, actor, **data, alpha=alpha, gamma=args.gamma
     )
     q_optimizer.zero_grad(set_to_none=False)
@@ -453,19 +457,25 @@ def update_critics(data: dict, qf_model, qf, qf_target, actor, q_optimizer, alph
 
 def update_actor(
     obs, actor_model, actor, qf, actor_optimizer, log_alpha, alpha, a_optimizer, args: Args, world_size: int,
-    target_entropy: float,
+    target_entropy: float, policy_loss_fn, temperature_loss_fn,
 ):  # fmt: skip
     """One step of the actor and (with --autotune) of the entropy temperature on this rank's `obs`; `alpha` (a
-    device tensor) is updated in place. Returns (actor loss, temperature loss), on the device."""
-    actor_loss = policy_loss(actor_model, qf, obs, alpha)
+    device tensor) is updated in place. The loss functions are `policy_loss` and `temperature_loss`, compiled with
+    --compile. Returns (actor loss, temperature loss), on the device."""
+    # CRUCIAL: the critics are called unwrapped with their parameters frozen, so the actor's backward neither
+    # reaches the critics' DDP hooks (an all-reduce the flat path would not make) nor leaves critic gradients behind.
+    qf.requires_grad_(False)
+    actor_loss = policy_loss_fn(actor_model, qf, obs, alpha)
+    qf.requires_grad_(True)
     actor_optimizer.zero_grad(set_to_none=False)
     actor_loss.backward()
     if world_size > 1 and args.grad_sync == "flat":
         all_reduce_gradients_flat(list(actor.parameters()), world_size)
     actor_optimizer.step()
+    actor_loss = actor_loss.detach().clone()  # a copy: under CUDA graphs the next compiled call reuses its memory
     if not args.autotune:
-        return torch.stack((actor_loss.detach(), torch.zeros_like(actor_loss.detach())))
-    a_loss = temperature_loss(actor, log_alpha, obs, target_entropy)
+        return torch.stack((actor_loss, torch.zeros_like(actor_loss)))
+    a_loss = temperature_loss_fn(actor, log_alpha, obs, target_entropy)
     a_optimizer.zero_grad(set_to_none=False)
     a_loss.backward()
     # CRUCIAL: log_alpha is outside every DDP wrapper; its gradient comes from this rank's log-probabilities,

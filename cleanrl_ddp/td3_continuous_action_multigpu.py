@@ -79,7 +79,7 @@ class Args(rt.RunArgs):
     grad_sync: Literal["ddp", "flat"] = "ddp"
     """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
     compile: bool = False
-    """if toggled, `torch.compile` the two update functions (on CUDA with CUDA graphs: mode reduce-overhead)"""
+    """if toggled, `torch.compile` the two losses and their backward (CUDA: with CUDA graphs, mode reduce-overhead)"""
 
 
 def derive_sizes(args: Args, world_size: int) -> dict:
@@ -195,8 +195,9 @@ def main() -> None:
     target_actor, qf_target = Actor(**agent_kwargs).to(device), TwinQ(obs_dim, action_dim).to(device)
     target_actor.load_state_dict(actor.state_dict())  # copies of the synchronised networks
     qf_target.load_state_dict(qf.state_dict())
-    q_optimizer = optim.Adam(qf.parameters(), lr=args.learning_rate)
-    actor_optimizer = optim.Adam(actor.parameters(), lr=args.learning_rate)
+    # fused: one kernel per step for all parameters; its `step` counter stays on their device, a resumed one too
+    q_optimizer = optim.Adam(qf.parameters(), lr=args.learning_rate, fused=True)
+    actor_optimizer = optim.Adam(actor.parameters(), lr=args.learning_rate, fused=True)
     rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
     # every learned quantity, by its checkpoint key: all of them must stay identical on every rank
     learned = dict(actor=actor, target_actor=target_actor, qf=qf, qf_target=qf_target)
@@ -207,15 +208,18 @@ def main() -> None:
         for key, obj in learned.items():
             obj.load_state_dict(ckpt[key])
         rt.resume_rng(run, ckpt, args.seed)  # each rank's own streams; at another world size, new ones
+    # gradients allocated once: backward accumulates into these same tensors, never into CUDA-graph memory (--compile)
+    for p in [*qf.parameters(), *actor.parameters()]:
+        p.grad = torch.zeros_like(p)
     ddp = world_size > 1 and args.grad_sync == "ddp"
     # the actor's buffers (action scale and bias) are constants, equal on every rank: no broadcast at every forward
     actor_model = DDP(actor, broadcast_buffers=False) if ddp else actor
     qf_model = DDP(qf) if ddp else qf
-    # --compile: the update functions below, compiled (CUDA graphs on CUDA, where the shapes are static)
+    # --compile: the losses and, through AOTAutograd, their backward; the updates around them stay eager
     compile_mode = "reduce-overhead" if device.type == "cuda" else None
-    critic_step, actor_step = update_critics, update_actor
-    if args.compile:
-        critic_step, actor_step = (torch.compile(f, mode=compile_mode) for f in (update_critics, update_actor))
+    critic_loss_fn, policy_loss_fn = (
+        torch.compile(f, mode=compile_mode) if args.compile else f for f in (critic_loss, policy_loss)
+    )
     eval_envs = make_eval_envs(args, args.eval_episodes, rt.video_dir(run)) if run.is_main and args.eval_every else None
 
     # Envs are not checkpointed: a resumed run seeds its envs past the seeds earlier attempts used.
@@ -269,16 +273,19 @@ def main() -> None:
             update_start = time.perf_counter()
             for _ in range(args.updates_per_iteration):
                 data = rb.sample(args.local_batch_size)
-                critic_stats = critic_step(data, qf_model, qf, qf_target, target_actor, q_optimizer, args, world_size)
+                critic_stats = update_critics(
+                    data, qf_model, qf, qf_target, target_actor, q_optimizer, args, world_size, critic_loss_fn
+                )
                 num_updates += 1
                 sums["updates"] += 1
                 for k, v in zip(losses[:4], critic_stats, strict=True):  # device tensors until the logged step
                     sums[k] += v.double()
 
                 if num_updates % args.policy_frequency == 0:  # TD3's delayed update, then the target networks
-                    actor_loss = actor_step(
-                        data["obs"], actor_model, actor, qf, target_actor, qf_target, actor_optimizer, args, world_size
-                    )
+                    actor_loss = update_actor(
+                        data["obs"], actor_model, actor, qf, target_actor, qf_target, actor_optimizer, args,
+                        world_size, policy_loss_fn,
+                    )  # fmt: skip
                     num_actor_updates += 1
                     sums["actor_updates"] += 1
                     sums["actor_loss"] += actor_loss.double()
@@ -381,21 +388,21 @@ def critic_loss(qf_model, qf_target, target_actor, obs, actions, rewards, next_o
 
 
 def policy_loss(actor_model, qf, obs):
-    """The actor's loss on one local batch, through the first critic; `actor_model` is the DDP-wrapped actor.
-
-    CRUCIAL: the critics are called unwrapped with their parameters frozen, so the actor's backward neither
-    reaches the critics' DDP hooks (an all-reduce the flat path would not make) nor leaves critic gradients behind.
-    """
-    qf.requires_grad_(False)
+    """The actor's loss on one local batch, through the first critic; `actor_model` is the DDP-wrapped actor (or
+    the plain one), `qf` the unwrapped critics, frozen by the caller (`update_actor`)."""
     qf1_pi = qf.qf1(obs, actor_model(obs))
-    qf.requires_grad_(True)
     return -qf1_pi.mean()
 
 
-def update_critics(data: dict, qf_model, qf, qf_target, target_actor, q_optimizer, args: Args, world_size: int):
+def update_critics(
+    data: dict, qf_model, qf, qf_target, target_actor, q_optimizer, args: Args, world_size: int, critic_loss_fn
+):
     """One step of the twin critics on this rank's batch `data`, gradients averaged over ranks (`qf_model`'s DDP
-    hooks, or the flat all-reduce). Returns (mean qf1 value, mean qf2 value, qf1 loss, qf2 loss), on the device."""
-    qf1_a_values, qf2_a_values, qf1_loss, qf2_loss = critic_loss(qf_model, qf_target, target_actor, **data, args=args)
+    hooks, or the flat all-reduce). `critic_loss_fn` is `critic_loss`, compiled with --compile. Returns (mean qf1
+    value, mean qf2 value, qf1 loss, qf2 loss), on the device."""
+    qf1_a_values, qf2_a_values, qf1_loss, qf2_loss = critic_loss_fn(
+        qf_model, qf_target, target_actor, **data, args=args
+    )
     q_optimizer.zero_grad(set_to_none=False)
     (qf1_loss + qf2_loss).backward()
     if world_size > 1 and args.grad_sync == "flat":
@@ -404,10 +411,17 @@ def update_critics(data: dict, qf_model, qf, qf_target, target_actor, q_optimize
     return torch.stack((qf1_a_values.mean(), qf2_a_values.mean(), qf1_loss, qf2_loss)).detach()
 
 
-def update_actor(obs, actor_model, actor, qf, target_actor, qf_target, actor_optimizer, args: Args, world_size: int):
+def update_actor(
+    obs, actor_model, actor, qf, target_actor, qf_target, actor_optimizer, args: Args, world_size: int, policy_loss_fn
+):
     """One step of the actor on this rank's `obs`, then the Polyak update of both target networks (every rank,
-    from its identical networks, after the same update). Returns the actor loss, on the device."""
-    actor_loss = policy_loss(actor_model, qf, obs)
+    from its identical networks, after the same update). `policy_loss_fn` is `policy_loss`, compiled with
+    --compile. Returns the actor loss, on the device."""
+    # CRUCIAL: the critics are called unwrapped with their parameters frozen, so the actor's backward neither
+    # reaches the critics' DDP hooks (an all-reduce the flat path would not make) nor leaves critic gradients behind.
+    qf.requires_grad_(False)
+    actor_loss = policy_loss_fn(actor_model, qf, obs)
+    qf.requires_grad_(True)
     actor_optimizer.zero_grad(set_to_none=False)
     actor_loss.backward()
     if world_size > 1 and args.grad_sync == "flat":

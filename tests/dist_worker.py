@@ -6,9 +6,11 @@
     torchrun ... tests/dist_worker.py pinned  OUTDIR cleanrl_ddp/<script>.py [script flags...]
 
 `unit` imports each listed script's own network and update (PPO: ppo_loss and all_reduce_gradients_flat; DQN:
-update_q_network; SAC, TD3: update_critics and update_actor, also compiled) and the run module's
+update_q_network; SAC, TD3: update_critics and update_actor, with their losses also compiled) and the run module's
 check_replicas_in_sync, and compares distributed updates with the single-process updates on the union of the
-local minibatches; one launch covers several scripts.
+local minibatches; one launch covers several scripts. Then it runs the real `main()` of each script with a
+--compile flag (`ScriptSpec.compiled`), in the same processes, with --compile under DDP and with --grad-sync flat,
+and records what torch.compile traced (`compiled_run`).
 `observe` runs the real script unchanged (runpy, as `__main__`) and records from outside what every
 rank did: env seeds, env steps, sampled actions, RNG streams, optimizer steps, parameters before the
 first update, final parameters and optimizer state, the env step of every optimizer step, target networks
@@ -27,6 +29,7 @@ import importlib.util
 import json
 import os
 import random
+import re
 import runpy
 import sys
 from collections.abc import Callable
@@ -75,6 +78,10 @@ class ScriptSpec:
     replica check are the run module's, the same for every script, so one script (ppo_multigpu.py) carries them"""
     whole_runs: tuple = (("ddp", 2), ("flat", 3))
     """(gradient path, world size) of the instrumented whole-script runs that guarantees 1, 2 and 5-7 read"""
+    compiled: tuple = ()
+    """the functions that the script's --compile compiles (its losses); empty: the script has no --compile"""
+    compile_timesteps: int = 0
+    """--total-timesteps of the 2-rank --compile runs of `unit` (with `tiny`): a few updates of every loss"""
 
 
 SCRIPTS = {
@@ -98,6 +105,8 @@ SCRIPTS = {
             tiny=["--local-num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "2"],
             local_batch=32,
             target_kl=["--update-epochs", "8", "--learning-rate", "0.01", "--target-kl", "0.02"],
+            compiled=("ppo_loss",),
+            compile_timesteps=64,  # one iteration: 4 minibatch updates
         ),
         ScriptSpec(
             "ppo_atari_async_multigpu.py",  # the Atari PPO with its rollout in two halves (one env each here)
@@ -152,6 +161,8 @@ SCRIPTS = {
             sac=True,
             target_classes=("TwinQ",),
             update_rtol=1e-4,  # Adam's eps 1e-8, as DQN's
+            compiled=("critic_loss", "policy_loss", "temperature_loss"),
+            compile_timesteps=36,  # updates at global steps 34 and 36: 4 critic, 4 actor and 4 temperature steps
         ),
         ScriptSpec(
             "td3_continuous_action_multigpu.py",  # unit: Hopper-v5's 11 observations, 3 actions
@@ -167,6 +178,8 @@ SCRIPTS = {
             td3=True,
             target_classes=("Actor", "TwinQ"),
             update_rtol=1e-4,
+            compiled=("critic_loss", "policy_loss"),
+            compile_timesteps=36,  # updates at global steps 34 and 36: 4 critic and 2 actor steps
         ),
     ]
 }
@@ -315,8 +328,8 @@ def unit_sac(script_path: str, rank: int, world_size: int) -> dict:
     The script's own update_critics and update_actor, in the loop's order: a critic update; after every
     `policy_frequency`-th one that many actor (and temperature) updates; a Polyak update of the target critics
     after each. The actor's Gaussian noise is a fixed table indexed by (actor call, sample id), the id carried in
-    observation feature 0, so both sides draw the same noise per sample. Then the same updates compiled, against
-    eager (`compiled_vs_eager`).
+    observation feature 0, so both sides draw the same noise per sample. Then the same updates with the three losses
+    compiled, as --compile compiles them, against eager (`compiled_vs_eager`).
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -359,10 +372,10 @@ def unit_sac(script_path: str, rank: int, world_size: int) -> dict:
         alpha, ws = log_alpha.detach().exp(), world_size if distributed else 1
         run_args = dataclasses.replace(args, grad_sync=grad_sync)
         grads = dict(qf=[], actor=[], log_alpha=[])
-        critic_step, actor_step = mod.update_critics, mod.update_actor  # the script's own update functions
+        losses = (mod.critic_loss, mod.policy_loss, mod.temperature_loss)
         if compiled:  # as the script compiles them under --compile (backend: see COMPILE_BACKEND)
             torch._dynamo.reset()
-            critic_step, actor_step = (torch.compile(f, backend=COMPILE_BACKEND) for f in (critic_step, actor_step))
+            losses = tuple(torch.compile(f, backend=COMPILE_BACKEND) for f in losses)
         else:  # each optimizer's (averaged) gradients, as its step sees them
             for name, opt in (("qf", q_optimizer), ("actor", actor_optimizer), ("log_alpha", a_optimizer)):
                 opt.register_step_pre_hook(record_grads(grads[name]))
@@ -372,13 +385,13 @@ def unit_sac(script_path: str, rank: int, world_size: int) -> dict:
             start = k * world_size * local_mb + (rank * local_mb if distributed else 0)
             rows = slice(start, start + (local_mb if distributed else world_size * local_mb))
             data = {key: t[rows] for key, t in batch.items()}
-            critic_step(data, qf_model, qf, qf_target, actor, q_optimizer, alpha, run_args, ws)
+            mod.update_critics(data, qf_model, qf, qf_target, actor, q_optimizer, alpha, run_args, ws, losses[0])
             critic_grads = flat_params(p.grad for p in qf.parameters())
             if (k + 1) % args.policy_frequency == 0:
                 for _ in range(args.policy_frequency):
-                    actor_step(
+                    mod.update_actor(
                         data["obs"], actor_model, actor, qf, actor_optimizer, log_alpha, alpha, a_optimizer, run_args,
-                        ws, -float(action_dim),
+                        ws, -float(action_dim), *losses[1:],
                     )  # fmt: skip
                     # the actor's backward leaves the critics' gradients as the critic update left them
                     critic_grads_touched |= not torch.equal(flat_params(p.grad for p in qf.parameters()), critic_grads)
@@ -425,7 +438,8 @@ def unit_td3(script_path: str, rank: int, world_size: int) -> dict:
     The script's own update_critics and update_actor, in the loop's order: a critic update; after every
     `policy_frequency`-th one an actor update with the Polyak update of the target actor and critics. The target
     policy smoothing noise is a fixed table indexed by the transition's row in the global batch, so both sides draw
-    the same noise for the same transition. Then the same updates compiled, against eager (`compiled_vs_eager`).
+    the same noise for the same transition. Then the same updates with the two losses compiled, as --compile
+    compiles them, against eager (`compiled_vs_eager`).
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -458,10 +472,10 @@ def unit_td3(script_path: str, rank: int, world_size: int) -> dict:
         actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.learning_rate)
         ws, run_args = world_size if distributed else 1, dataclasses.replace(args, grad_sync=grad_sync)
         grads = dict(qf=[], actor=[])
-        critic_step, actor_step = mod.update_critics, mod.update_actor  # the script's own update functions
+        critic_loss, policy_loss = mod.critic_loss, mod.policy_loss
         if compiled:  # as the script compiles them under --compile (backend: see COMPILE_BACKEND)
             torch._dynamo.reset()
-            critic_step, actor_step = (torch.compile(f, backend=COMPILE_BACKEND) for f in (critic_step, actor_step))
+            critic_loss, policy_loss = (torch.compile(f, backend=COMPILE_BACKEND) for f in (critic_loss, policy_loss))
         else:  # each optimizer's (averaged) gradients, as its step sees them
             for name, opt in (("qf", q_optimizer), ("actor", actor_optimizer)):
                 opt.register_step_pre_hook(record_grads(grads[name]))
@@ -471,10 +485,13 @@ def unit_td3(script_path: str, rank: int, world_size: int) -> dict:
             start = k * world_size * local_mb + (rank * local_mb if distributed else 0)
             rows[0] = slice(start, start + (local_mb if distributed else world_size * local_mb))
             data = {key: t[rows[0]] for key, t in batch.items()}
-            critic_step(data, qf_model, qf, qf_target, target_actor, q_optimizer, run_args, ws)
+            mod.update_critics(data, qf_model, qf, qf_target, target_actor, q_optimizer, run_args, ws, critic_loss)
             critic_grads = flat_params(p.grad for p in qf.parameters())
             if (k + 1) % args.policy_frequency == 0:  # the actor, then both target networks
-                actor_step(data["obs"], actor_model, actor, qf, target_actor, qf_target, actor_optimizer, run_args, ws)
+                mod.update_actor(
+                    data["obs"], actor_model, actor, qf, target_actor, qf_target, actor_optimizer, run_args, ws,
+                    policy_loss,
+                )  # fmt: skip
                 critic_grads_touched |= not torch.equal(flat_params(p.grad for p in qf.parameters()), critic_grads)
         final = dict(qf=flat_params(qf.parameters()), actor=flat_params(actor.parameters()))
         final |= dict(
@@ -520,15 +537,15 @@ def record_grads(into: list):
     return hook
 
 
-# torch.compile's backend in the --compile checks: "aot_eager" traces the update functions as inductor does (Dynamo's
-# graphs and graph breaks, DDP's graph splitting, AOTAutograd's forward and backward) and runs the traced aten graphs;
-# inductor's code generation alone is left to benchmark/gpu_check.py: it takes over two minutes per update function
-# on the 2-core CI machine (tests/dist_worker.py's docstring has the figures)
+# torch.compile's backend in the --compile checks: "aot_eager" traces the losses as inductor does (Dynamo's graphs and
+# graph breaks, DDP's graph splitting, AOTAutograd's forward and backward) and runs the traced aten graphs; inductor's
+# code generation alone is left to benchmark/gpu_check.py: it takes minutes on the 2-core CI machine (figures in
+# docs/sac_continuous_action_multigpu.md)
 COMPILE_BACKEND = "aot_eager"
 
 
 def compiled_vs_eager(run, names) -> dict:
-    """The script's update functions compiled against eager, on the same data and noise (torch's own stream, seeded
+    """The script's updates with compiled losses against eager, on the same data and noise (torch's own stream, seeded
     alike) at 1 rank and at 2 (DDP and flat): the largest relative difference of any final quantity, per case."""
     out = {}
     for grad_sync, distributed in (("ddp", False), ("ddp", True), ("flat", True)):
@@ -541,6 +558,149 @@ def compiled_vs_eager(run, names) -> dict:
     return out
 
 
+# A collective's op in an FX graph (c10d ops, Dynamo's functional collectives, their aten ops; not broadcast_tensors),
+# and the file of torch's DDP wrapper
+COLLECTIVE = re.compile(r"c10d|all_?reduce|all_gather|reduce_scatter|all_to_all|broadcast(?!_tensors|_to|_shapes|_all)")
+DDP_FILE = os.path.join("torch", "nn", "parallel", "distributed.py")
+SCRIPTS_DIR = str(Path(__file__).resolve().parents[1] / "cleanrl_ddp")
+
+
+def break_site(reason) -> str:
+    """Where a graph break (Dynamo's GraphCompileReason) happened: a split of DDPOptimizer's, a break inside torch's
+    DistributedDataParallel wrapper (its forward calls code that Dynamo does not trace), or the innermost frame."""
+    innermost = reason.user_stack[-1] if reason.user_stack else None
+    if "DDPOptimizer" in reason.reason:
+        return "DDPOptimizer"
+    if "DistributedDataParallel" in reason.reason or (innermost and innermost.filename.endswith(DDP_FILE)):
+        return "DistributedDataParallel"
+    return f"{innermost.filename}:{innermost.lineno}" if innermost else "?"
+
+
+def compiled_run(script_path: str, flags: list, store, prefix: str) -> dict:
+    """The real script's `main()` with `flags` and --compile, here (a rank of the `unit` launch, out of its own
+    process group), each `torch.compile`d function traced by a recording backend instead of inductor: Dynamo's
+    graphs, then AOTAutograd's forward and backward graphs of each (run as traced, like aot_eager). Returns per
+    compiled function the graphs of each kind and its calls; every collective op found in any graph; the forward
+    graphs that mutate an input (AOTAutograd's metadata); where and why each graph broke (Dynamo's
+    graph_break_reasons, DDPOptimizer's splits included); every optimizer's `fused`; the gradients: missing at the
+    first compiled call, or with another storage or strides at any optimizer step; and every read of a compiled
+    call's output (or of a tensor sharing its memory) after the next compiled call began, where CUDA graph trees
+    may have overwritten it. The script's process group meets in `store` under `prefix`, where no earlier group
+    left keys."""
+    import traceback
+
+    import torch.distributed as dist
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._dynamo.utils import graph_break_reasons
+    from torch._functorch.aot_autograd import make_boxed_func
+    from torch.fx.node import _get_qualified_name
+    from torch.overrides import TorchFunctionMode, _pop_mode_temporarily
+    from torch.utils._pytree import tree_leaves
+
+    rec = dict(compiled={}, collectives=[], graph_breaks=[], fused=[], grads_missing=[], grads_moved=[])
+    rec |= dict(mutated_inputs=[], grad_strides_differ=[], optimizer_steps=0, stale_reads=[], error=None)
+    optimizers, grad_ptrs = [], {}
+    latest, stale = [], {}  # the latest compiled call's outputs; earlier ones by storage (kept alive: never reused)
+
+    def ops(gm):
+        for node in gm.graph.nodes:
+            if node.op == "call_function":
+                try:
+                    yield _get_qualified_name(node.target)
+                except Exception:  # a target without a module-level name
+                    yield str(node.target)
+
+    def recording_compile(fn, **kwargs):  # the script's `mode` is for inductor (CUDA graphs on CUDA): not used here
+        name, graphs = fn.__name__, dict(dynamo=0, forward=0, backward=0, calls=0)
+        rec["compiled"][name] = graphs
+
+        def record(kind, gm):
+            graphs[kind] += 1
+            rec["collectives"] += [f"{name} {kind} graph: {op}" for op in ops(gm) if COLLECTIVE.search(op)]
+
+        def compiler(kind):
+            def compile_graph(gm, example_inputs):
+                record(kind, gm)
+                context = torch._guards.TracingContext.try_get()  # AOTAutograd's view of the forward's inputs
+                mutated = context.fw_metadata.num_mutated_inp_runtime_indices if kind == "forward" else 0
+                rec["mutated_inputs"] += [f"{name} forward graph: {mutated} input(s) mutated"] if mutated else []
+                return make_boxed_func(gm.forward)
+
+            return compile_graph
+
+        aot = aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"))
+
+        def backend(gm, example_inputs):
+            record("dynamo", gm)
+            return aot(gm, example_inputs)
+
+        compiled_fn = real_compile(fn, backend=backend)
+
+        def call(*args, **kw):
+            if not any(g["calls"] for g in rec["compiled"].values()):  # the run's first compiled call
+                for p in (p for o in optimizers for g in o.param_groups for p in g["params"]):
+                    if p.grad is None:
+                        rec["grads_missing"].append(f"{name}: a parameter of shape {list(p.shape)}")
+                    else:
+                        grad_ptrs[p] = p.grad.data_ptr()
+            graphs["calls"] += 1
+            stale.update((t.untyped_storage().data_ptr(), (call, t)) for call, t in latest if t.numel())
+            with _pop_mode_temporarily():  # StaleReads watches the eager code only
+                out = compiled_fn(*args, **kw)
+            latest[:] = [(f"{name} call {graphs['calls']}", t) for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+            return out
+
+        return call
+
+    class StaleReads(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            for t in tree_leaves((args, kwargs or {})):
+                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in stale:
+                    stack = traceback.extract_stack()
+                    at = [f"{Path(f.filename).name}:{f.lineno}" for f in stack if f.filename.startswith(SCRIPTS_DIR)]
+                    output_of = stale[t.untyped_storage().data_ptr()][0]
+                    rec["stale_reads"].append(f"{func.__name__} at {(at or ['?'])[-1]}: an output of {output_of}")
+            return func(*args, **(kwargs or {}))
+
+    def recording_optimizer_init(self, *args, **kw):
+        optimizer_init(self, *args, **kw)
+        optimizers.append(self)
+
+    def check_grads(optimizer, args, kwargs):
+        rec["optimizer_steps"] += 1
+        for p in (p for g in optimizer.param_groups for p in g["params"]):
+            where = f"optimizer step {rec['optimizer_steps']}, a parameter of shape {list(p.shape)}"
+            if p.grad is None or grad_ptrs.get(p) != p.grad.data_ptr():
+                rec["grads_moved"].append(where)
+            elif p.grad.stride() != p.stride():
+                rec["grad_strides_differ"].append(where)
+
+    def init_process_group(*args, **kw):  # called by the script's rt.start
+        return dist_init(*args, store=dist.PrefixStore(prefix, store), **kw)
+
+    mod = import_script(script_path)
+    torch._dynamo.reset()  # also empties graph_break_reasons
+    real_compile, optimizer_init, dist_init = torch.compile, torch.optim.Optimizer.__init__, dist.init_process_group
+    torch.compile, torch.optim.Optimizer.__init__, dist.init_process_group = (
+        recording_compile, recording_optimizer_init, init_process_group
+    )  # fmt: skip
+    hook = register_optimizer_step_pre_hook(check_grads)
+    sys.argv = [script_path, *map(str, flags), "--compile"]
+    try:
+        with StaleReads():
+            mod.main()
+    except BaseException:
+        rec["error"] = traceback.format_exc()
+    finally:
+        hook.remove()
+        torch.compile, torch.optim.Optimizer.__init__, dist.init_process_group = real_compile, optimizer_init, dist_init
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    rec["graph_breaks"] = [(break_site(r), r.reason.splitlines()[0]) for r in graph_break_reasons]
+    rec["fused"] = [bool(o.defaults.get("fused")) for o in optimizers]
+    return rec
+
+
 def unit(outdir: Path, script_paths: list) -> None:
     import torch.distributed as dist
 
@@ -551,7 +711,15 @@ def unit(outdir: Path, script_paths: list) -> None:
         spec = SCRIPTS[Path(script_path).name]
         out = (unit_sac if spec.sac else unit_td3 if spec.td3 else unit_script)(script_path, rank, world_size)
         (outdir / f"{Path(script_path).stem}_unit_rank{rank}.json").write_text(json.dumps(out, indent=1))
+    store = dist.distributed_c10d._get_default_store()  # torchrun's store, for the process groups of the scripts
     dist.destroy_process_group()
+    for script_path in script_paths:  # the scripts with --compile: their real main(), DDP and flat
+        spec, stem = SCRIPTS[Path(script_path).name], Path(script_path).stem
+        for grad_sync in ("ddp", "flat") if spec.compiled else ():
+            flags = [*spec.tiny, "--seed", 7, "--dist-timeout", 60, "--grad-sync", grad_sync]
+            flags += ["--total-timesteps", spec.compile_timesteps, "--runs-dir", outdir / f"runs-{stem}-{grad_sync}"]
+            out = compiled_run(script_path, flags, store, prefix=f"{stem}-{grad_sync}/")
+            (outdir / f"{stem}_compiled_{grad_sync}_rank{rank}.json").write_text(json.dumps(out, indent=1))
 
 
 # ------------------------------------------------------------------------------------------- observe

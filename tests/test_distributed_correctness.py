@@ -5,7 +5,8 @@ Two kinds of test, both on CPU with gloo and the real `torchrun`:
   all_reduce_gradients_flat and check_replicas_in_sync and compares a 2-rank update with the single-process
   one (guarantees 3, 4); one launch for all scripts;
 - whole script: tests/dist_worker.py runs the unchanged script under `torchrun` and records from
-  outside what every rank did (guarantees 1, 2, 5-9).
+  outside what every rank did (guarantees 1, 2, 5-9); the unit-level launch also runs the real `main()` of the
+  scripts with --compile and records what torch.compile traced.
 A new script is covered by adding one `ScriptSpec` to `SCRIPTS` in tests/dist_worker.py.
 """
 
@@ -90,7 +91,7 @@ def run(request, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def unit_dir(tmp_path_factory):
-    """One launch of the unit-level worker on 2 ranks, for every script in turn."""
+    """One launch of the unit-level worker on 2 ranks, for every script in turn, then the --compile runs."""
     outdir = tmp_path_factory.mktemp("unit")
     scripts = list(SCRIPTS)
     others = [REPO / "cleanrl_ddp" / s for s in scripts[1:]]
@@ -428,10 +429,10 @@ def test_td3_ddp_and_flat_paths_agree(unit_td3):
             assert r[f"ddp_vs_flat_{name}_update_rel_err"] < 1e-6, (name, r)
 
 
-# --compile: SAC's and TD3's update functions, compiled as the script compiles them, make the updates of the eager
-# ones at 1 rank and at 2 (DDP and flat). Measured: at most 7.6e-6 (SAC) and 3.3e-7 (TD3) relative difference of the
-# final networks after 4 updates (Dynamo's traced graphs reorder float sums); a dropped or doubled collective, or an
-# update lost to a graph break, moves them by 1e-3 or more. The backend is tests/dist_worker.py's COMPILE_BACKEND.
+# --compile: the script's updates with SAC's and TD3's losses compiled, as the script compiles them, make the updates
+# of the eager ones at 1 rank and at 2 (DDP and flat). Measured: bitwise equal final networks after 4 updates (0
+# relative difference; 3.3e-7 to 7.6e-6 when the whole update functions were compiled); a dropped or doubled
+# collective moves them by 1e-3 or more. The backend is tests/dist_worker.py's COMPILE_BACKEND.
 @pytest.mark.parametrize("script", ["sac", "td3"])
 def test_compiled_updates_match_eager(request, script):
     for r in request.getfixturevalue(f"unit_{script}"):
@@ -445,6 +446,67 @@ def test_compiled_ppo_loss_matches_eager(unit):
     for r in unit:
         for case in ("1rank", "ddp_2ranks", "flat_2ranks"):
             assert r[f"compiled_vs_eager_{case}_rel_err"] < 1e-4, (case, r)
+
+
+# --compile under CUDA graphs (mode reduce-overhead) replays captured memory, so a compiled call must hold no
+# collective, mutate no input and allocate no gradient that outlives it, and its outputs must not be read after the
+# next compiled call (docs/correctness.md). The real script's main() with --compile on 2 ranks, DDP and flat, inside
+# the unit launch (`compiled_run` in tests/dist_worker.py): each torch.compile'd function traced by a recording
+# backend (AOTAutograd with compilers that list each graph's ops and run it as traced).
+COMPILED = [(s, grad_sync) for s, spec in SCRIPTS.items() if spec.compiled for grad_sync in ("ddp", "flat")]
+
+
+@pytest.fixture(params=COMPILED, ids=[f"{s[:-3]}-{g}" for s, g in COMPILED])
+def compiled(request, unit_dir):
+    """(ScriptSpec, gradient path, what each rank's --compile run recorded)."""
+    script, grad_sync = request.param
+    ranks = [json.loads((unit_dir / f"{script[:-3]}_compiled_{grad_sync}_rank{r}.json").read_text()) for r in (0, 1)]
+    for r in ranks:
+        assert r["error"] is None, r["error"]
+    return SCRIPTS[script], grad_sync, ranks
+
+
+def test_compile_traces_the_losses_without_collectives(compiled):
+    """Exactly the losses are compiled, each into Dynamo, forward and backward graphs; no graph holds a collective
+    (DDP's all-reduces run from its autograd hooks, the flat one after backward) or mutates an input; the only graph
+    breaks are DDP's: DDPOptimizer's splits at bucket boundaries, and DDP's forward, whose reducer set-up Dynamo does
+    not trace."""
+    spec, grad_sync, ranks = compiled
+    for r in ranks:
+        assert sorted(r["compiled"]) == sorted(spec.compiled), r["compiled"]
+        for name, graphs in r["compiled"].items():
+            assert min(graphs.values()) >= 1, (name, graphs)  # Dynamo, forward and backward graphs, and calls
+        assert r["collectives"] == [], r["collectives"]
+        assert r["mutated_inputs"] == [], r["mutated_inputs"]
+        allowed = {"DDPOptimizer", "DistributedDataParallel"} if grad_sync == "ddp" else set()
+        assert {site for site, _ in r["graph_breaks"]} <= allowed, r["graph_breaks"]
+
+
+def test_compile_gradients_allocated_once(compiled):
+    """Every parameter of every optimizer has its gradient before the first compiled call, and it keeps its storage
+    (and the parameter's strides: channels-last in the Atari PPO) at every optimizer step: backward accumulated into
+    it, never handing a tensor of the compiled backward to `.grad`."""
+    _, _, ranks = compiled
+    for r in ranks:
+        assert r["grads_missing"] == [], r["grads_missing"]
+        assert r["optimizer_steps"] >= 4 and r["grads_moved"] == [], r["grads_moved"]
+        assert r["grad_strides_differ"] == [], r["grad_strides_differ"]
+
+
+def test_compile_outputs_read_before_the_next_compiled_call(compiled):
+    """No output of a compiled call (nor a tensor sharing its memory) is read once the next compiled call has begun:
+    CUDA graph trees may overwrite it by then ("accessing tensor output of CUDAGraphs that has been overwritten by a
+    subsequent run"). The eager code is watched by a torch function mode."""
+    _, _, ranks = compiled
+    for r in ranks:
+        assert r["stale_reads"] == [], r["stale_reads"]
+
+
+def test_compile_optimizers_fused(compiled):
+    """Every optimizer is fused Adam: its step counter lives on the parameters' device, a resumed one too."""
+    spec, _, ranks = compiled
+    for r in ranks:
+        assert r["fused"] == [True] * (3 if spec.sac else 2 if spec.td3 else 1), r["fused"]
 
 
 # 8. Odd world sizes (the 3-rank runs above) and two nodes
