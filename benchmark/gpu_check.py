@@ -437,10 +437,10 @@ for p in qf.parameters():
     dist.broadcast(p.data, src=0)
 assert all(torch.equal(a, p) for a, p in zip(before, qf.parameters())), "broadcast changed the weights"
 obs, act = torch.randn(64, 3, device=device), torch.randn(64, 1, device=device)
-DDP(qf)(obs, act)[0].pow(2).mean().backward()
+sum(q.pow(2).mean() for q in DDP(qf)(obs, act)).backward()  # both critics: every parameter gets a gradient
 ddp_grads = [p.grad.clone() for p in qf.parameters()]
 qf.zero_grad()
-qf(obs, act)[0].pow(2).mean().backward()
+sum(q.pow(2).mean() for q in qf(obs, act)).backward()
 all_reduce_gradients_flat(list(qf.parameters()), 1)
 plain = [p.grad for p in qf.parameters()]
 assert all(torch.allclose(a, b) for a, b in zip(ddp_grads, plain)), "DDP's gradients differ from one process's"
