@@ -156,8 +156,8 @@ class Agent(nn.Module):
         action_mean = self.actor_mean(x)
         action_std = self.actor_logstd.expand_as(action_mean).exp()
         probs = Normal(action_mean, action_std, validate_args=False)  # validation reads values: a wait on a GPU
-        if action is None:
-            action = probs.sample()
+        if action is None:  # rsample: the same draw without sample()'s host check of the scale (a wait on a GPU)
+            action = probs.rsample()
         return action, probs.log_prob(action).sum(1), probs.entropy().sum(1), self.critic(x)
 
     def forward(self, x, action):

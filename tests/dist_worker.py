@@ -909,11 +909,11 @@ def observe(outdir: Path, script_path: str, script_args: list, nudge_after_step:
 def pin_sampling_and_minibatches(script_args: list) -> None:
     """Make a PPO run at world size G (one env per rank) and one process with G envs draw the same numbers.
 
-    Action noise: `Normal.sample` returns loc + scale * z, with z for (the call's index, the global env) from a
-    table, whichever rank steps that env. Minibatches: `torch.randperm` returns, on every rank, the same
-    permutation P of the local batch (one env's steps); at world size 1 with G envs it returns, for each minibatch
-    k, the rows P_k of every env (row s of env g is index s * G + g of the flattened batch), so that each global
-    minibatch holds the same samples in both runs. G comes from the environment variable PINNED_ENVS.
+    Action noise: `Normal.rsample` (the script's sampler) returns loc + scale * z, with z for (the call's index,
+    the global env) from a table, whichever rank steps that env. Minibatches: `torch.randperm` returns, on every
+    rank, the same permutation P of the local batch (one env's steps); at world size 1 with G envs it returns, for
+    each minibatch k, the rows P_k of every env (row s of env g is index s * G + g of the flattened batch), so that
+    each global minibatch holds the same samples in both runs. G comes from the environment variable PINNED_ENVS.
     """
     from torch.distributions.normal import Normal
 
@@ -940,7 +940,7 @@ def pin_sampling_and_minibatches(script_args: list) -> None:
         parts = [q * global_envs + g for q in p.chunk(num_minibatches) for g in range(global_envs)]
         return torch.cat(parts).to(device)
 
-    Normal.sample = table_sample
+    Normal.rsample = table_sample
     torch.randperm = shared_randperm
 
 

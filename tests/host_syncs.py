@@ -9,6 +9,10 @@
   (`torch.from_numpy`, `torch.as_tensor(ndarray)`) and staging buffers made with an explicit `pin_memory=`
   (page-locked on a GPU). A `.numpy()` right after a counted `.cpu()` of the same tensor is one read. Reads
   inside `torch.optim` are not counted: the optimizers' step counters are host tensors unless `capturable`.
+  Also counted as reads: ops whose CUDA kernel checks a tensor argument on the host before it runs
+  (`HOST_CHECKED`: `torch.normal` with a tensor std, which `Normal.sample` calls, reads `std.min() >= 0`; seen
+  under `torch.cuda.set_sync_debug_mode` on an H200, benchmark/gpu_check.py's `sync-debug`, 2026-11-26). On the
+  CPU that check runs inside the kernel, where no dispatch mode sees it.
 - **copies**: host data copied to the training device from pageable memory, i.e. a call whose *device
   argument* is the training device and whose source is host data: `torch.as_tensor`/`torch.tensor` of a
   NumPy array or Python data, `.to(device)` of a host tensor (made as above). Staging buffers made with
@@ -67,6 +71,7 @@ DATA_DEPENDENT = {
     aten.unique_consecutive.default,
     aten.repeat_interleave.Tensor,
 }
+HOST_CHECKED = {aten.normal.Tensor_Tensor, aten.normal.float_Tensor}
 BOOL_INDEXED = {aten.index.Tensor, aten.index_put_.default, aten.index_put.default, aten._index_put_impl_.default}
 
 
@@ -157,6 +162,8 @@ class _Recorder(TorchDispatchMode):
         if func in SCALAR_READS:
             if not _in_optimizer(sys._getframe(1)):
                 self.wait("read")
+        elif func in HOST_CHECKED:
+            self.wait("read")
         elif func in DATA_DEPENDENT:
             self.wait("shape")
         elif func in BOOL_INDEXED:
