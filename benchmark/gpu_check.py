@@ -1,7 +1,7 @@
 """Check every CUDA path of the scripts on a GPU machine: one line per check (`ok`/`FAIL`/`skip`, its figure, its
 seconds), each written to OUT/summary.txt the moment the check ends.
 
-    python -m benchmark.gpu_check --out /tmp/gpu     # the quick profile: about 6 minutes on one H100 (estimated)
+    python -m benchmark.gpu_check --out /tmp/gpu     # the quick profile: 4.5 minutes on one H200 (2026-11-26)
     python -m benchmark.gpu_check --full --out DIR    # every check (about 20-30 minutes)
     python -m benchmark.gpu_check --full --only resume evaluate --out DIR               # some checks again
     python -m benchmark.gpu_check --cleanrl-script ~/cleanrl/cleanrl/ppo_atari_multigpu.py  # + CleanRL's script
@@ -15,7 +15,8 @@ run at the same time (they check correctness, not speed), and a speed measuremen
 2. `gloo:`/`flat:` for the Atari PPO and SAC (2 ranks sharing the GPU through gloo, DDP and `--grad-sync flat`,
    replicas compared every iteration), `nccl-1` (an NCCL process group at world size 1: the collectives the
    scripts make), `sync-debug:` for the Atari PPO (its synchronizing CUDA operations, counted), `compile:` for the
-   Atari PPO (2 ranks, DDP, `--compile`: CUDA graphs), `resume` (a 2-rank run stopped by SIGTERM, resumed at world
+   Atari PPO (2 ranks, DDP, `--compile`: CUDA graphs; torch's log of a graph run without CUDA graphs fails a
+   compiled check), `resume` (a 2-rank run stopped by SIGTERM, resumed at world
    size 1 to its exact step) and `evaluate` (a checkpoint trained on the device, on the device and on the CPU);
 3. `compile-speed:` for the Atari PPO, then for SAC: world size 1, eager then `--compile`, both to their exact
    final step, and the steady SPS of each (compile time excluded);
@@ -729,7 +730,7 @@ def main(argv=None) -> int:
         epilog=f"checks: {', '.join(PER_SCRIPT)} (each as <check>:<script>), {', '.join(SINGLE)}",
     )
     profile = parser.add_mutually_exclusive_group()
-    profile.add_argument("--quick", action="store_true", help="the quick profile (the default): about 6 minutes")
+    profile.add_argument("--quick", action="store_true", help="the quick profile (the default): 4.5 min on one H200")
     profile.add_argument("--full", action="store_true", help="every check, one at a time: about 20-30 minutes")
     parser.add_argument(
         "--device",
