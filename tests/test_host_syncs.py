@@ -41,13 +41,13 @@ CONFIGS = {  # script: (local envs, flags); each runs 4 logged steps or more aft
     ),
 }
 
-# Waits allowed per env step, per update and per logged step. PPO and PQN: the actions to the envs (the async
-# script sends each half's actions on their own: 2 per env step; PQN's exploration draws stay on the device),
-# nothing per minibatch, and per logged step the metrics' one read, their copies in rt.all_sum, the preemption
-# vote (and the continuous script's normalisation statistics). DQN, SAC and TD3: the actions (greedy Q-values for DQN) to the envs per env step,
-# nothing per update (samples drawn on the device, or copied from pinned staging; losses summed on the device), and
-# per logged step the metrics' one read, their copies in rt.all_sum and the preemption vote (main at fbecd7e:
-# DQN 2/5/7, SAC 5/15/8, TD3 2/5/8).
+# Waits allowed per env step, per update and per logged step. PPO and PQN: the actions to the envs (the async script
+# sends each half's actions on their own: 2 per env step; PQN's exploration draws stay on the device), nothing per
+# minibatch, and per logged step the metrics' one read, their copies in rt.all_sum, the preemption vote (and the
+# continuous script's normalisation statistics). DQN, SAC and TD3: the actions (greedy Q-values for DQN) to the envs
+# per env step, nothing per update (samples drawn on the device, or copied from pinned staging; losses summed on the
+# device), and per logged step the metrics' one read, their copies in rt.all_sum and the preemption vote (main at
+# fbecd7e: DQN 2/5/7, SAC 5/15/8, TD3 2/5/8).
 BUDGETS = {
     "ppo_multigpu.py": (1, 0, 6),
     "ppo_atari_multigpu.py": (1, 0, 6),
