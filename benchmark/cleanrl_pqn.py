@@ -4,7 +4,7 @@ cleanrl_ddp/pqn_multigpu.py (docs/pqn_multigpu.md). Copyright (c) 2019 CleanRL d
 Ported to gymnasium 1.x, nothing else changed (the `# PORT:` lines):
 - the vector env resets in the same step (`autoreset_mode=SAME_STEP`), as gymnasium 0.29 did, for which the
   script was written (gymnasium 1.x's default NEXT_STEP adds a step after each episode whose action is ignored);
-- finished episodes are read from gymnasium 1.x's `infos["episode"]` arrays (0.29's `final_info` list is gone);
+- finished episodes are read from gymnasium 1.x's `infos["final_info"]["episode"]` arrays (0.29's list of dicts is gone);
 - `--runs-dir` (default `runs`, as before) so that a benchmark writes where it is told.
 """
 
@@ -207,11 +207,12 @@ if __name__ == "__main__":
             rewards[step] = torch.tensor(reward).to(device).view(-1)
             next_obs, next_done = torch.Tensor(next_obs).to(device), torch.Tensor(next_done).to(device)
 
-            if "episode" in infos:  # PORT: gymnasium 1.x's episode statistics, one array per key
-                for i in np.flatnonzero(infos["_episode"]):
-                    print(f"global_step={global_step}, episodic_return={infos['episode']['r'][i]}")
-                    writer.add_scalar("charts/episodic_return", infos["episode"]["r"][i], global_step)
-                    writer.add_scalar("charts/episodic_length", infos["episode"]["l"][i], global_step)
+            if "final_info" in infos:  # PORT: gymnasium 1.x's episode statistics, one array per key
+                info = infos["final_info"]
+                for i in np.flatnonzero(info.get("_episode", [])):
+                    print(f"global_step={global_step}, episodic_return={info['episode']['r'][i]}")
+                    writer.add_scalar("charts/episodic_return", info["episode"]["r"][i], global_step)
+                    writer.add_scalar("charts/episodic_length", info["episode"]["l"][i], global_step)
 
         # Compute Q(lambda) targets
         with torch.no_grad():
