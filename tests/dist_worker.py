@@ -278,7 +278,7 @@ def unit_script(script_path: str, rank: int, world_size: int) -> dict:
         if spec.dqn:  # the script's optimizer: Adam with its default eps, no gradient clipping
             optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate)
         elif spec.pqn:  # the script's optimizer: RAdam, as CleanRL's
-            optimizer = torch.optim.RAdam(agent.parameters(), lr=args.learning_rate)
+            optimizer = torch.optim.RAdam(agent.parameters(), lr=args.learning_rate, foreach=True)
         else:
             optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
         grads = []
