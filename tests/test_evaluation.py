@@ -165,8 +165,8 @@ def test_atari_evaluation_keeps_training_streams_and_records_the_game(tmp_path, 
         net, args = SimpleNamespace(hidden=lambda x: torch.zeros(len(x), 4), actor=lambda h: h), module.Args()
     elif script.startswith("dqn"):  # epsilon 1: random actions; an untrained greedy net may never FIRE
         net, args = module.QNetwork(4), module.Args(eval_epsilon=1.0)
-    else:  # PQN: the sampled evaluation plays with epsilon --end-e
-        net, args = module.QNetwork(4), module.Args(end_e=1.0)
+    else:  # PQN: the sampled evaluation plays with epsilon --end-e; Q-values without the CNN's cost
+        net, args = lambda x: torch.zeros(len(x), 4), module.Args(end_e=1.0)
     eval_envs = module.make_eval_envs(args, 1, str(tmp_path / "videos"))
     torch_state, numpy_state = torch.get_rng_state(), np.random.get_state()[1].copy()
     returns, lengths, video = module.evaluate(net, eval_envs, args, False, 7, torch.device("cpu"), "game")
