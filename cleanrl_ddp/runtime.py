@@ -74,7 +74,7 @@ class RunArgs:
     share_gpus: bool = False
     """with NCCL, allow more ranks per node than visible GPUs (e.g. srun --gpus-per-task=1: each sees its own)"""
     sync_check_every: int = 0
-    """every N iterations (DQN, SAC, TD3: global steps), compare the ranks' parameter and optimizer checksums"""
+    """every N iterations (DQN, SAC, TD3: global steps), compare the ranks' weights and optimizer state (0 = off)"""
     checkpoint_every: int = 25
     """write checkpoint.pt every N iterations; 0 = only at the end and when stopped"""
     resume: Optional[str] = None
