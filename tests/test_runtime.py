@@ -376,6 +376,28 @@ def test_state_checksum_sees_one_ulp_in_every_dtype(dtype):
     assert not torch.equal(rt.state_checksum(net, optimizer, stats), current)
 
 
+def test_episodes_sum_the_ended_episodes_by_name():
+    """rt.Episodes: each env's running return and length; the sums of the episodes that ended, by name, once."""
+    episodes = rt.Episodes(3)
+    episodes.step(np.array([1.0, 2.0, 3.0]), np.array([False, True, False]))
+    episodes.step(np.array([1.0, 1.0, 1.0]), np.array([True, False, False]), stepped=np.array([1, 1, 0]))
+    episodes.step(np.array([5.0]), np.array([True]), envs=slice(2, 3))  # one env of a half (the async rollout)
+    assert episodes.take() == dict(episode_return_sum=2.0 + 2.0 + 9.0, episode_length_sum=2 + 1 + 2, episodes=3)
+    assert episodes.take() == dict(episode_return_sum=0, episode_length_sum=0, episodes=0)
+    assert episodes.returns.tolist() == [0.0, 1.0, 0.0] and episodes.lengths.tolist() == [0, 1, 0]
+
+
+def test_to_device_through_a_staging_buffer_or_a_new_one():
+    """rt.to_device: through the caller's staging buffer (on CPU the result is that buffer), or a new one per call
+    with the array's dtype (or the one asked for)."""
+    staging = torch.zeros(2, 3, dtype=torch.uint8)
+    out = rt.to_device(np.full((2, 3), 7, dtype=np.uint8), torch.device("cpu"), staging)
+    assert out is staging and out.tolist() == [[7] * 3] * 2
+    out = rt.to_device(np.arange(4, dtype=np.float64), torch.device("cpu"))
+    assert out.dtype == torch.float64 and out.tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert rt.to_device(np.arange(4, dtype=np.float64), torch.device("cpu"), dtype=torch.float32).dtype == torch.float32
+
+
 def test_steps_crossed_keeps_a_period_that_is_not_a_multiple_of_the_batch():
     crossed = [rt.steps_crossed(s - 128, s, 300) for s in range(128, 128 * 75 + 1, 128)]
     assert sum(crossed) == 128 * 75 // 300 and max(crossed) == 1
