@@ -4,6 +4,7 @@ Whole-script runs elsewhere check each behaviour once."""
 
 import ast
 import errno
+import importlib
 import os
 import random
 import socket
@@ -102,7 +103,7 @@ def package_imports(path: Path) -> set:
 
 def test_no_import_cycle_and_every_module_imports_on_its_own():
     """The modules of cleanrl_ddp/ import each other without a cycle (runtime imports launch, checkpoint and lease,
-    which import only errors), and each one imports cleanly first, in a process that has none of them loaded."""
+    which import only errors), and each one imports cleanly first, with none of them loaded."""
     modules = sorted(p.stem for p in (REPO / "cleanrl_ddp").glob("*.py") if p.stem != "__init__")
     graph = {m: package_imports(REPO / "cleanrl_ddp" / f"{m}.py") & set(modules) for m in modules}
     assert graph["errors"] == set(), "errors.py must import nothing of ours"
@@ -119,18 +120,18 @@ def test_no_import_cycle_and_every_module_imports_on_its_own():
 
     for m in modules:
         visit(m)
-    code = f"""
-import importlib, sys
-modules = {modules!r}
-for order in (modules, modules[::-1]):
-    for m in order:  # each module first, with no module of the package loaded
-        for name in [n for n in sys.modules if n == "cleanrl_ddp" or n.startswith("cleanrl_ddp.")]:
+    ours = lambda: [n for n in sys.modules if n == "cleanrl_ddp" or n.startswith("cleanrl_ddp.")]  # noqa: E731
+    saved = {name: sys.modules[name] for name in ours()}
+    try:
+        for order in (modules, modules[::-1]):
+            for m in order:  # each module first, with no module of the package loaded
+                for name in ours():
+                    del sys.modules[name]
+                importlib.import_module(f"cleanrl_ddp.{m}")
+    finally:  # the modules every other test imported, as they were
+        for name in ours():
             del sys.modules[name]
-        importlib.import_module(f"cleanrl_ddp.{{m}}")
-print("ok")
-"""
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+        sys.modules.update(saved)
 
 
 def test_read_launch_env_torchrun_slurm_and_plain(launch_env):
