@@ -36,8 +36,8 @@ RunError = errors.RunError  # an error the user can fix: one line from rank 0, t
 # ---------------------------------------------------------------------------------------------- flags and the process
 @dataclass
 class RunArgs:
-    """The flags of the run plumbing, and the script flags it reads; every script's `Args` extends this with its
-    algorithm's flags (and its own defaults of `exp_name`, `env_id` and `total_timesteps`)."""
+    """The flags of the run plumbing and of evaluation, and the script flags they read; every script's `Args`
+    extends this with its algorithm's flags (and its own `exp_name`, `env_id`, `total_timesteps`, `eval_greedy`)."""
 
     exp_name: str = ""
     """the name of this experiment (part of the run name)"""
@@ -61,6 +61,8 @@ class RunArgs:
     """the run's directory name; default `{UTC start}__{env_id}__{exp_name}__{seed}__{launch id}`, kept by restarts"""
     eval_every: int = 0
     """run evaluation episodes on rank 0 every N global steps (0 = never)"""
+    eval_greedy: bool = True
+    """if toggled, evaluation acts greedily (each script says how); --no-eval-greedy samples"""
     eval_episodes: int = 10
     """episodes per evaluation, played in parallel in rank 0's separate evaluation envs"""
     target_return: Optional[float] = None
@@ -407,12 +409,10 @@ class Episodes:
 
 
 def to_device(array: np.ndarray, device: torch.device, staging: Optional[torch.Tensor] = None, dtype=None):
-    """`array` on `device` (as `dtype`), copied from page-locked host memory on CUDA, so the host never waits.
-
-    Through `staging` (a host buffer of its shape, `pin_memory=` on CUDA): on CPU the result IS `staging` until
-    the next call; on CUDA the copy may still run, so the caller waits for the device (`action.cpu()`) before
-    the next call. Without `staging`, a new one per call, which torch's caching host allocator keeps till then.
-    """
+    """`array` on `device` (as `dtype`), from page-locked host memory on CUDA: the host never waits. Through
+    `staging` (a host buffer of its shape, `pin_memory=` on CUDA): on CPU the result IS `staging` till the next
+    call, on CUDA the copy may still run, so the caller waits for the device (`action.cpu()`) before that call.
+    Else through a new buffer per call, which torch's caching host allocator keeps until its copy has run."""
     if staging is None:
         dtype = dtype or torch.from_numpy(array).dtype
         staging = torch.empty(array.shape, dtype=dtype, pin_memory=device.type == "cuda")
