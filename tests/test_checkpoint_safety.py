@@ -278,9 +278,8 @@ def test_a_restart_with_the_same_flags_continues_its_own_run(tmp_path, clean_lau
     first checkpoint, and continues it. Two launches that both found the name free: the second stops."""
     run = one_rank(runs_dir=str(tmp_path), run_name="job")
     rt.load_run(run, run.args)
-    rt.open_run(
-        run, rt.Sizes(world_size=1, num_envs=1, batch_size=10, num_iterations=100), None
-    )  # crashed before its first checkpoint
+    # crashed before its first checkpoint
+    rt.open_run(run, rt.Sizes(world_size=1, num_envs=1, batch_size=10, num_iterations=100), None)
     rt.close_logs(1)
     again = one_rank(runs_dir=str(tmp_path), run_name="job")
     _, ckpt = rt.load_run(again, again.args)

@@ -143,10 +143,9 @@ def test_atari_evaluation_keeps_training_streams_and_records_the_game(tmp_path, 
         net, args = module.QNetwork(4), module.Args(eval_epsilon=1.0)
     eval_envs = evals.make_envs(module.make_env, args, 1, str(tmp_path / "videos"))
     torch_state, numpy_state = torch.get_rng_state(), np.random.get_state()[1].copy()
-    returns, lengths, video = evals.play(
-        net, module.eval_action, eval_envs, args, False, 7, torch.device("cpu"), "game"
-    )
-    again, again_lengths, no_video = evals.play(net, module.eval_action, eval_envs, args, False, 7, torch.device("cpu"))
+    cpu = torch.device("cpu")
+    returns, lengths, video = evals.play(net, module.eval_action, eval_envs, args, False, 7, cpu, "game")
+    again, again_lengths, no_video = evals.play(net, module.eval_action, eval_envs, args, False, 7, cpu)
     eval_envs.close()
     assert torch.equal(torch.get_rng_state(), torch_state) and (np.random.get_state()[1] == numpy_state).all()
     assert returns.tolist() == again.tolist() and lengths.tolist() == again_lengths.tolist() and no_video is None
