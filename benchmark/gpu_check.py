@@ -21,7 +21,8 @@ run at the same time (they check correctness, not speed), and a speed measuremen
 3. `compile-speed:` for the Atari PPO, then for SAC: world size 1, eager then `--compile`, both to their exact
    final step, and the steady SPS of each (compile time excluded);
 4. `throughput`: the Atari PPO's steady SPS at 8 and 64 envs next to the env-only ceiling of the same command
-   (benchmark/throughput.py), and CleanRL's own script at 8 envs when `--cleanrl-script` points at it.
+   (benchmark/throughput.py), with the update's share of the time; at 8 envs, where one iteration's time goes
+   (benchmark/profile_rollout.py); CleanRL's own script at 8 envs when `--cleanrl-script` points at it.
 `--full` adds `gloo:`, `flat:`, `sync-debug:` for every script, `compile:`/`compile-flat:` for the three scripts
 with `--compile` (`COMPILED`), `compile-speed:` for both, and `nccl-guard` (NCCL with 2 ranks on one GPU stops
 before init with one line), one check at a time. docs/benchmarks.md says what each check means.
@@ -105,6 +106,7 @@ class Budget:
     throughput_warmup: int
     throughput_num_steps: int
     ceiling_steps: int
+    profile_iterations: int  # benchmark/profile_rollout.py's iterations at the first env count, after one warm-up
     speed_runs: dict  # compile-speed: script -> (flags, global step it ends at, logged SPS points skipped as warm-up)
     timeouts: dict  # check kind -> seconds one of its commands may take (then it is killed and fails)
 
@@ -121,6 +123,7 @@ GPU_BUDGET = Budget(
     throughput_warmup=4,
     throughput_num_steps=128,
     ceiling_steps=1000,
+    profile_iterations=3,
     speed_runs={
         ATARI: ("--local-num-envs 8 --num-steps 128 --total-timesteps 20480", 20480, 4),
         SAC: ("--env-id Pendulum-v1 --learning-starts 500 --total-timesteps 3000 --log-every 250", 3000, 4),
@@ -137,6 +140,7 @@ CPU_BUDGET = Budget(
     throughput_warmup=1,
     throughput_num_steps=16,
     ceiling_steps=20,
+    profile_iterations=1,
     speed_runs={
         ATARI: ("--local-num-envs 2 --num-steps 16 --total-timesteps 192", 192, 1),
         SAC: ("--env-id Pendulum-v1 --learning-starts 64 --total-timesteps 256 --log-every 32", 256, 2),
@@ -614,13 +618,18 @@ def check_resume(c: Check) -> Result:
 
 THROUGHPUT = """
 import json, sys
-from benchmark import throughput as tp
-script, env_id, num_envs, num_steps, iterations, warmup, ceiling_steps, timeout, *extra = sys.argv[1:]
+from benchmark import profile_rollout, throughput as tp
+script, env_id, num_envs, num_steps, iterations, warmup, ceiling_steps, timeout, profiled, *extra = sys.argv[1:]
 sizes = dict(local_num_envs=int(num_envs), num_steps=int(num_steps), extra=extra)
 out = tp.run_once(script, env_id, 1, 1, [], sizes, int(iterations), float(timeout))
 sps = tp.steady_sps(out["events"][tp.SPS_TAG], int(warmup))
+update_share = tp.time_shares(out["events"], int(warmup))[0]
 ceiling = tp.env_ceiling(script, env_id, 1, int(num_envs), int(ceiling_steps))
-print("throughput:", json.dumps(dict(sps=sps, ceiling=ceiling)))
+result = dict(sps=sps, ceiling=ceiling, update_share=update_share)
+if int(profiled):
+    module = "cleanrl_ddp." + script.rsplit("/", 1)[-1].removesuffix(".py")
+    result["profile"] = profile_rollout.profile_iterations(module, env_id, int(num_envs), int(num_steps), int(profiled))
+print("throughput:", json.dumps(result))
 """
 
 
@@ -629,22 +638,37 @@ def check_throughput(c: Check) -> list[Result]:
     b, results = c.budget, []
     for num_envs in b.throughput_envs:
         name = f"throughput {num_envs} envs"
+        first = num_envs == b.throughput_envs[0]  # profiled too: where one iteration's time goes
         args = [num_envs, b.throughput_num_steps, b.throughput_iterations, b.throughput_warmup, b.ceiling_steps]
-        cmd = [sys.executable, "-c", THROUGHPUT, str(REPO / "cleanrl_ddp" / ATARI), ENV_ID, *args, c.limit(name)]
+        args += [c.limit(name), b.profile_iterations if first else 0]
+        cmd = [sys.executable, "-c", THROUGHPUT, str(REPO / "cleanrl_ddp" / ATARI), ENV_ID, *args]
         code, out, seconds = c.run(name, [*map(str, cmd), *c.device_flags])
         figures = re.search(r"^throughput: (.*)$", out, re.MULTILINE)
         if code != 0 or figures is None:
             results.append(c.failed(name, code, out))
             results[-1].seconds = seconds
             continue
-        sps, ceiling = json.loads(figures.group(1)).values()
+        figures = json.loads(figures.group(1))
+        sps, ceiling = figures["sps"], figures["ceiling"]
         goal = GOALS.get(num_envs)
         goal_text = f" (goal {100 * goal:.0f}%: {'met' if sps >= goal * ceiling else 'not met'})" if goal else ""
         figure = f"{ATARI} {sps:,.0f} SPS = {100 * sps / ceiling:.0f}% of the env-only ceiling {ceiling:,.0f} of this"
-        results.append(Result(name, "ok", f"{figure} call{goal_text}", seconds))
-        if num_envs == b.throughput_envs[0]:
+        figure += f" call{goal_text}; the update {100 * figures['update_share']:.0f}% of the time"
+        results.append(Result(name, "ok", figure, seconds))
+        if "profile" in figures:
+            results.append(Result(f"profile {num_envs} envs", "ok", profile_figure(figures["profile"]), seconds))
+        if first:
             results.append(timed(check_cleanrl, c, num_envs, sps))
     return results
+
+
+def profile_figure(profile: dict) -> str:
+    """benchmark/profile_rollout.py's split of one iteration (each part timed to the device's end), as a line."""
+    from benchmark.profile_rollout import PART_NAMES, PARTS
+
+    total, parts = profile["total"], profile["seconds"]
+    split = ", ".join(f"{PART_NAMES[p]} {1000 * parts[p]:.0f} ms ({100 * parts[p] / total:.0f}%)" for p in PARTS)
+    return f"one iteration of {ATARI} alone, timed part by part: {1000 * total:.0f} ms = {split}"
 
 
 def check_cleanrl(c: Check, num_envs: int, our_sps: float) -> Result:

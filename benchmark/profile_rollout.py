@@ -3,12 +3,13 @@
     # the split at 8 envs, next to the real run's SPS and the env-only ceiling of the same invocation
     python -m benchmark.throughput --world-sizes 1 --local-num-envs 8 --profile
 
-The loop is built from the Atari PPO script's own pieces (`make_env`, `Agent`, `staging_buffer`, `to_device`,
-`clip_reward`, `game_over`, `compute_gae`, `normalize_advantages`, `ppo_loss`, and `halves` in the asynchronous
-variant), in the order its `main()` runs them, with a timer around each part. Each timer waits for the device before it
-reads (`sync`: torch.cuda.synchronize on CUDA, nothing on CPU), so a part's time holds its own kernels;
-that also removes the overlap of host and device work that the real loop has, so on a GPU the profiled
-loop is slower than the script: read the split from here and the SPS from the real run. Parts:
+The loop is built from the Atari PPO script's own pieces (`make_env`, `Agent`, `compute_gae`,
+`normalize_advantages`, `ppo_loss`, and `halves` in the asynchronous variant) and the modules they use
+(`rt.to_device`, `atari.clip_reward`, `atari.game_over`), in the order its `main()` runs them, with a timer
+around each part. Each timer waits for the device before it reads (`sync`: torch.cuda.synchronize on CUDA,
+nothing on CPU), so a part's time holds its own kernels; that also removes the overlap of host and device work
+that the real loop has, so on a GPU the profiled loop is slower than the script: read the split from here and
+the SPS from the real run. Parts:
 
 - env: the emulator, as the host sees it: `envs.step`, or `send` + `recv` where two halves overlap (there
   `recv` only waits for what the policy step of the other half did not hide);
@@ -36,6 +37,8 @@ import torch.nn as nn
 import torch.optim as optim
 
 from benchmark.harness import rank_threads
+from cleanrl_ddp import atari
+from cleanrl_ddp import runtime as rt
 
 PARTS = ("env", "policy", "copies", "bookkeeping", "update", "other")
 PART_NAMES = dict(env="env step", policy="policy step", copies="host<->device copies", bookkeeping="bookkeeping")
@@ -63,14 +66,14 @@ def profile_iterations(module_name: str, env_id: str, num_envs: int, num_steps: 
     args = module.Args(env_id=env_id, local_num_envs=num_envs, num_steps=num_steps)
     sizes = module.derive_sizes(args, world_size=1)
     device = torch.device("cuda", 0) if args.cuda and torch.cuda.is_available() else torch.device("cpu")
-    pin = device.type == "cuda"  # page-locked buffers and non-blocking copies, the script's `run.pin`
+    pin = device.type == "cuda"  # page-locked buffers and non-blocking copies, the script's `run.on_cuda`
     timer = Timer(torch.cuda.synchronize if pin else lambda: None)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
 
     # the script's envs: one vector env, or one per half in the asynchronous variant
     groups = module.halves(num_envs) if hasattr(module, "halves") else (slice(0, num_envs),)
-    threads, sticky = torch.get_num_threads(), module.sticky_action_probability(args)
+    threads, sticky = torch.get_num_threads(), atari.sticky_action_probability(args)
     envs = [module.make_env(env_id, g.stop - g.start, min(threads, g.stop - g.start), sticky) for g in groups]
     seeds = np.arange(args.seed, args.seed + num_envs)
     resets = [e.reset(seed=seeds[g]) for e, g in zip(envs, groups, strict=True)]
@@ -86,8 +89,8 @@ def profile_iterations(module_name: str, env_id: str, num_envs: int, num_steps: 
     values = torch.zeros((num_steps, num_envs), device=device)
     host_rewards = torch.zeros((num_steps, num_envs), pin_memory=pin)
     host_dones = torch.zeros((num_steps + 1, num_envs), pin_memory=pin)
-    staging = [module.staging_buffer(e, pin) for e in envs]
-    next_obs = [module.to_device(frames, s, device, pin) for (frames, _), s in zip(resets, staging, strict=True)]
+    staging = [torch.zeros(frames.shape, dtype=torch.uint8, pin_memory=pin) for frames, _ in resets]
+    next_obs = [rt.to_device(frames, device, s) for (frames, _), s in zip(resets, staging, strict=True)]
 
     k_groups, totals = len(groups), []
     for iteration in range(warmup + iterations):
@@ -117,11 +120,11 @@ def profile_iterations(module_name: str, env_id: str, num_envs: int, num_steps: 
                     frames, reward, terminations, truncations, info = envs[k].recv()
                 with timer("bookkeeping"):
                     host_dones[step + 1, groups[k]] = torch.from_numpy(terminations | truncations)
-                    host_rewards[step, groups[k]] = torch.from_numpy(module.clip_reward(reward))
-                    module.game_over(terminations, truncations, info["lives"], prev_lives[k])
+                    host_rewards[step, groups[k]] = torch.from_numpy(atari.clip_reward(reward))
+                    atari.game_over(terminations, truncations, info["lives"], prev_lives[k])
                     prev_lives[k] = info["lives"]
                 with timer("copies"):
-                    next_obs[k] = module.to_device(frames, staging[k], device, pin)
+                    next_obs[k] = rt.to_device(frames, device, staging[k])
         with timer("copies"):
             rewards = host_rewards.to(device, non_blocking=pin)
             all_dones = host_dones.to(device, non_blocking=pin)
@@ -145,16 +148,18 @@ def update(module, agent, optimizer, args, sizes, obs, actions, logprobs, values
             rewards, values, all_dones[:-1], next_value, all_dones[-1], args.gamma, args.gae_lambda
         )
     b_obs = obs.reshape(-1, *obs.shape[2:]).permute(0, 3, 1, 2)  # NCHW view, channels-last strides
-    batch = (b_obs, actions.reshape(-1), logprobs.reshape(-1), returns.reshape(-1), values.reshape(-1))
+    batch = dict(mb_obs=b_obs, mb_actions=actions.reshape(-1), mb_logprobs=logprobs.reshape(-1))
+    batch |= dict(mb_returns=returns.reshape(-1), mb_values=values.reshape(-1))
     b_advantages = advantages.reshape(-1)
-    local_batch_size, local_minibatch_size = sizes["local_batch_size"], sizes["local_minibatch_size"]
+    local_batch_size, local_minibatch_size = sizes.local_batch_size, sizes.local_minibatch_size
     for _epoch in range(args.update_epochs):
         b_inds = torch.randperm(local_batch_size, device=obs.device).view(-1, local_minibatch_size)
         epoch_advantages = b_advantages[b_inds]
         if args.norm_adv:
             epoch_advantages = module.normalize_advantages(epoch_advantages, 1)
         for mb_inds, mb_advantages in zip(b_inds, epoch_advantages, strict=True):
-            loss, _ = module.ppo_loss(agent, mb_advantages, *(b[mb_inds] for b in batch), args)
+            minibatch = {k: b[mb_inds] for k, b in batch.items()}
+            loss, _ = module.ppo_loss(agent, mb_advantages, **minibatch, args=args)
             optimizer.zero_grad(set_to_none=False)
             loss.backward()
             nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
@@ -171,10 +176,12 @@ def profile_worker(module_name, env_id, num_envs, num_steps, iterations, threads
 def is_profilable(script: str) -> bool:
     """Whether a script defines the pieces the profiled loop is built from (the Atari PPO scripts do). Read from
     its source, not imported: an outside baseline may train at import."""
-    pieces = {"make_env", "Agent", "staging_buffer", "to_device", "clip_reward", "game_over", "compute_gae"}
-    pieces |= {"ppo_loss", "normalize_advantages", "derive_sizes", "sticky_action_probability", "Args"}
+    pieces = {"make_env", "Agent", "compute_gae", "ppo_loss", "normalize_advantages", "derive_sizes", "Args"}
     tree = ast.parse(Path(script).read_text())
-    return pieces <= {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    imported = {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
+    return (
+        pieces <= {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))} and "atari" in imported
+    )
 
 
 def profile_rank(script: str, env_id: str, world_size: int, num_envs: int, num_steps: int, iterations: int, cores=None):

@@ -1,7 +1,7 @@
 """The checkpoint file, which no script reads directly: data only (tensors, numbers, strings, lists, dicts),
 written atomically, read without running code, with the library versions and RNG streams it needs.
 
-`runtime.resume` and `runtime.save_checkpoint` call these, and `evaluate` reads a run with them.
+`runtime.load_run` and `runtime.save_checkpoint` call these, and `evaluate` reads a run with them.
 docs/runtime.md#checkpoints describes the format.
 """
 
@@ -14,7 +14,7 @@ import zipfile
 import numpy as np
 import torch
 
-from cleanrl_ddp import runtime as rt
+from cleanrl_ddp.errors import RunError
 
 CHECKPOINT_KEYS = ("script", "args", "sizes", "world_size", "iteration", "global_step", "rng", "rank_state")
 VERSIONED = ("torch", "gymnasium", "numpy", "mujoco", "ale-py")
@@ -27,17 +27,17 @@ def load_checkpoint(path: str, script: str, required: tuple = ()) -> dict:
     if os.path.isdir(path):
         path = os.path.join(path, "checkpoint.pt")
     if not os.path.isfile(path):
-        raise rt.RunError(f"--resume: no checkpoint at {path}")
+        raise RunError(f"--resume: no checkpoint at {path}")
     try:
         ckpt = read_checkpoint(path)
-    except rt.RunError as e:
-        raise rt.RunError(f"--resume: {e}") from None
+    except RunError as e:
+        raise RunError(f"--resume: {e}") from None
     if not isinstance(ckpt, dict) or ckpt.get("script") != script:
         found = ckpt.get("script") if isinstance(ckpt, dict) else type(ckpt).__name__
-        raise rt.RunError(f"--resume: {path} was written by {found!r}, not {script}")
+        raise RunError(f"--resume: {path} was written by {found!r}, not {script}")
     missing = set(CHECKPOINT_KEYS + tuple(required)) - ckpt.keys()
     if missing:
-        raise rt.RunError(f"--resume: {path} lacks {', '.join(sorted(missing))}; it was left as it is")
+        raise RunError(f"--resume: {path} lacks {', '.join(sorted(missing))}; it was left as it is")
     return ckpt
 
 
@@ -57,15 +57,13 @@ def read_checkpoint(path: str) -> dict:
     except (zipfile.BadZipFile, OSError, EOFError):
         intact = False
     if not intact:
-        raise rt.RunError(
-            f"{path} is truncated or corrupt (a damaged file: {type(error).__name__}); it was left as it is"
-        )
+        raise RunError(f"{path} is truncated or corrupt (a damaged file: {type(error).__name__}); it was left as it is")
     if isinstance(error, pickle.UnpicklingError) and "Unsupported global" in str(error):
-        raise rt.RunError(
+        raise RunError(
             f"{path} holds pickled objects (the format before checkpoints became data): loading it would run code "
             "the file carries, so it cannot be read safely; it was left as it is"
         )
-    raise rt.RunError(
+    raise RunError(
         f"{path} is intact but torch {torch.__version__} cannot read it ({type(error).__name__}): most likely "
         "a version mismatch (written by another torch); it was left as it is"
     )
@@ -75,7 +73,7 @@ def check_saved_env_id(saved: str, given: str, source: str) -> None:
     """A checkpoint's env id is data too: `module:Env` would import `module` when the env is made, so it is
     accepted only when this command line names the same id."""
     if ":" in saved and saved != given:
-        raise rt.RunError(
+        raise RunError(
             f"{source} names the env {saved!r}, whose module prefix would import and run {saved.split(':')[0]!r}: "
             f"pass --env-id {saved} on this command line if you trust it"
         )

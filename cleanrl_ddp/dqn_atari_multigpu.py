@@ -1,28 +1,15 @@
 """DQN for Atari (CleanRL's `dqn_atari.py`), data-parallel with torch.distributed.
 
-Docs: docs/dqn_atari_multigpu.md. Launch it any of these ways (all ranks run this same file):
-
-    python cleanrl_ddp/dqn_atari_multigpu.py                                    # 1 process
-    torchrun --standalone --nproc_per_node=2 cleanrl_ddp/dqn_atari_multigpu.py  # 2 processes, one machine
-    torchrun --nnodes=2 --nproc_per_node=8 --node_rank=$NODE_RANK \\
-        --master_addr=HOST --master_port=29500 cleanrl_ddp/dqn_atari_multigpu.py  # 2 nodes x 8 processes
-    srun --ntasks=16 --ntasks-per-node=8 python cleanrl_ddp/dqn_atari_multigpu.py  # SLURM (see benchmark/slurm/)
-
-Every rank steps its own `--local-num-envs` Atari games and keeps its own replay buffer of them;
-each gradient update samples `--local-batch-size` transitions per rank and averages the gradients
-across ranks (DDP, or one flattened all-reduce with `--grad-sync flat`). Epsilon, learning starts,
-train frequency, target-network syncs, logging, evaluation and checkpoints all follow the GLOBAL
-step, so every rank makes the same decision at the same moment. Run plumbing (launch, checkpoints,
-preemption, logging) lives in cleanrl_ddp/runtime.py.
+Docs: docs/dqn_atari_multigpu.md. Launched as cleanrl_ddp/ppo_multigpu.py is. Every rank steps its own
+games into its own replay buffer; an update samples `--local-batch-size` transitions per rank and averages
+the gradients across ranks. Every schedule follows the GLOBAL step, so all ranks decide alike.
 """
 
 import os
-import re
 import time
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-import ale_py
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -33,6 +20,7 @@ import tyro
 from ale_py.vector_env import AtariVectorEnv
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from cleanrl_ddp import atari, evals
 from cleanrl_ddp import runtime as rt
 
 SCRIPT = os.path.basename(__file__)[: -len(".py")]
@@ -44,12 +32,8 @@ FRAME_SHAPE = (84, 84)  # one grayscale, resized frame
 class Args(rt.RunArgs):
     exp_name: str = SCRIPT
     """the name of this experiment (part of the run name)"""
-    seed: int = 1
-    """seed of the experiment; rank r's envs and sampling streams are derived from it"""
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    cuda: bool = True
-    """if toggled and CUDA is available, train on `cuda:{local_rank}`"""
     checkpoint_every: int = 100000
     """write checkpoint.pt every N global steps (0 = only at the end, at a stop and on preemption)"""
 
@@ -94,12 +78,81 @@ class Args(rt.RunArgs):
     """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
 
 
-def derive_sizes(args: Args, world_size: int) -> dict:
-    """Global and per-rank sizes from the flags and the world size; raises RunError (a ValueError) on bad input."""
+def make_env(env_id: str, num_envs: int, num_threads: int = 1, repeat_action_probability: float = 0.0):
+    """`num_envs` games in ALE's C++ vector env, with CleanRL's preprocessing done in C++. Rewards come
+    unclipped and lost lives end no episode: the loop does both (`life_lost`), and logs whole games."""
+    return AtariVectorEnv(
+        atari.ale_game(env_id),
+        num_envs,
+        num_threads=num_threads,
+        repeat_action_probability=repeat_action_probability,
+        max_num_frames_per_episode=108000,
+        noop_max=30,
+        frameskip=4,
+        maxpool=True,
+        use_fire_reset=True,
+        img_height=FRAME_SHAPE[0],
+        img_width=FRAME_SHAPE[1],
+        grayscale=True,
+        stack_num=STACK_NUM,
+        episodic_life=False,
+        life_loss_info=False,
+        reward_clipping=False,
+        autoreset_mode="NextStep",
+    )
+
+
+# ALGO LOGIC: initialize agent here:
+class QNetwork(nn.Module):
+    """The Nature-DQN CNN (Mnih et al. 2015), as in CleanRL's dqn_atari.py (PyTorch default init)."""
+
+    def __init__(self, n_actions: int):
+        super().__init__()
+        self.network = nn.Sequential(
+            nn.Conv2d(STACK_NUM, 32, 8, stride=4),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 4, stride=2),
+            nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1),
+            nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(3136, 512),
+            nn.ReLU(),
+            nn.Linear(512, n_actions),
+        )
+
+    def forward(self, x):
+        return self.network(x / 255.0)
+
+
+def eval_action(q_network: QNetwork, obs, greedy: bool, generator, args: Args):
+    """Evaluation's actions (cleanrl_ddp/evals.py): epsilon-greedy with --eval-epsilon (0 if `greedy`),
+    drawn from `generator`."""
+    q_values = q_network(obs)
+    epsilon = 0.0 if greedy else args.eval_epsilon
+    explore = torch.rand(len(obs), generator=generator, device=obs.device) < epsilon
+    random = torch.randint(q_values.shape[1], (len(obs),), generator=generator, device=obs.device)
+    return torch.where(explore, random, q_values.argmax(dim=1))
+
+
+def load_agent(ckpt: dict, device) -> QNetwork:
+    q_network = QNetwork(**ckpt["agent_kwargs"]).to(device)
+    q_network.load_state_dict(ckpt["q_network"])
+    return q_network
+
+
+# ALGO LOGIC: sizes, the replay memory, the schedules, the loss, the update and the gradient all-reduce
+@dataclass(frozen=True)
+class Sizes(rt.Sizes):
+    local_buffer_size: int
+    env_buffer_capacity: int
+    replay_ratio: float
+
+
+def derive_sizes(args: Args, world_size: int) -> Sizes:
+    """Global and per-rank sizes from the flags and the world size; raises RunError on bad input."""
     names = ("local_num_envs", "local_batch_size", "total_timesteps", "buffer_size", "train_frequency")
-    for name in (*names, "target_network_frequency", "log_every"):
-        if getattr(args, name) < 1:
-            raise rt.RunError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    rt.require_at_least_1(args, *names, "target_network_frequency", "log_every")
     num_envs = args.local_num_envs * world_size
     env_buffer_capacity = args.buffer_size // num_envs  # rounded down: all envs hold at most --buffer-size
     if env_buffer_capacity < STACK_NUM + 2:
@@ -116,235 +169,24 @@ def derive_sizes(args: Args, world_size: int) -> dict:
     num_iterations = args.total_timesteps // num_envs
     if num_iterations < 1:
         raise rt.RunError(f"--total-timesteps {args.total_timesteps} is smaller than one step of all {num_envs} envs")
-    return dict(
+    return Sizes(
         world_size=world_size,
         num_envs=num_envs,
         batch_size=args.local_batch_size * world_size,
+        num_iterations=num_iterations,
         local_buffer_size=env_buffer_capacity * args.local_num_envs,
         env_buffer_capacity=env_buffer_capacity,
-        num_iterations=num_iterations,
         replay_ratio=args.local_batch_size * world_size / args.train_frequency,
     )
 
 
-def ale_game(env_id: str) -> str:
-    """The ALE ROM name for `BreakoutNoFrameskip-v4`, `ALE/Breakout-v5`, `Breakout` or `breakout`."""
-    name = re.sub(r"(NoFrameskip|Deterministic)?-v[0-9]+$", "", env_id.removeprefix("ALE/"))
-    game = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()  # MsPacman -> ms_pacman
-    if game not in ale_py.roms.get_all_rom_ids():
-        raise rt.RunError(
-            f"unknown --env-id {env_id!r}: not an ALE game; try BreakoutNoFrameskip-v4, ALE/Pong-v5 or "
-            f"space_invaders (one of {len(ale_py.roms.get_all_rom_ids())} ROMs in ale_py.roms.get_all_rom_ids())"
-        )
-    return game
-
-
-def sticky_action_probability(args: Args) -> float:
-    if args.repeat_action_probability is not None:
-        return args.repeat_action_probability
-    return 0.25 if args.env_id.startswith("ALE/") and args.env_id.endswith("-v5") else 0.0
-
-
-def make_env(env_id: str, num_envs: int, num_threads: int = 1, repeat_action_probability: float = 0.0):
-    """`num_envs` games in ALE's C++ vector env, with CleanRL's NoFrameskip-v4 preprocessing done in C++.
-
-    Rewards come back unclipped and life losses do not end the episode: the training loop clips rewards
-    and turns life losses into terminations itself (`life_lost`), so the logged returns are whole games
-    (ALE's own `episodic_life` restarts the game at every life loss). NextStep autoreset: a game's last
-    observation is returned, to be stored as the next_obs of its final transition.
-    """
-    return AtariVectorEnv(
-        ale_game(env_id), num_envs, num_threads=num_threads, repeat_action_probability=repeat_action_probability,
-        max_num_frames_per_episode=108000, noop_max=30, frameskip=4, maxpool=True, use_fire_reset=True,
-        img_height=FRAME_SHAPE[0], img_width=FRAME_SHAPE[1], grayscale=True, stack_num=STACK_NUM,
-        episodic_life=False, life_loss_info=False, reward_clipping=False, autoreset_mode="NextStep",
-    )  # fmt: skip
-
-
-# ALGO LOGIC: initialize agent here:
-class QNetwork(nn.Module):
-    """The Nature-DQN CNN (Mnih et al. 2015), as in CleanRL's dqn_atari.py (PyTorch default init)."""
-
-    def __init__(self, n_actions: int):
-        super().__init__()
-        self.network = nn.Sequential(
-            nn.Conv2d(STACK_NUM, 32, 8, stride=4), nn.ReLU(),
-            nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
-            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
-            nn.Flatten(), nn.Linear(3136, 512), nn.ReLU(),
-            nn.Linear(512, n_actions),
-        )  # fmt: skip
-
-    def forward(self, x):
-        return self.network(x / 255.0)
-
-
-def main() -> None:
-    args = tyro.cli(Args)
-    run = rt.start(args, SCRIPT, use_cuda=args.cuda and torch.cuda.is_available())
-    dqn_state = ("q_network", "target_network", "optimizer", "num_updates", "num_target_updates")
-    args, ckpt = rt.resume(run, args, required=dqn_state)
-    rank, world_size, device = run.rank, run.world_size, run.device
-    ale_game(args.env_id)  # raises RunError for an unknown game
-    if not 0.0 <= sticky_action_probability(args) <= 1.0:
-        raise rt.RunError("--repeat-action-probability must be between 0 and 1")
-    sizes = derive_sizes(args, world_size)
-    start_iteration = ckpt["iteration"] + 1 if ckpt else 1
-    global_step = ckpt["global_step"] if ckpt else 0
-    # The replay buffer is not checkpointed (7 GB at the default size): after a resume every rank refills
-    # its buffer for `learning_starts` global steps before updates continue.
-    train_start = args.learning_starts + global_step
-    if ckpt and run.is_main:
-        print(f"  updates restart at global step {train_start} (buffer refill)", flush=True)
-
-    # CRUCIAL: every rank starts from the same weights, but steps its own envs with its own seeds and
-    # samples actions and minibatches from its own stream. Env seeds are global env indices (disjoint across ranks).
-    rt.seed_everything(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    local_num_envs = args.local_num_envs
-    envs = make_env(
-        args.env_id, local_num_envs, min(local_num_envs, torch.get_num_threads()), sticky_action_probability(args)
-    )
-    n_actions = int(envs.single_action_space.n)
-    agent_kwargs = dict(n_actions=n_actions)
-    q_network = QNetwork(**agent_kwargs).to(device)
-    if world_size > 1:
-        for tensor in q_network.state_dict().values():  # identical start whichever --grad-sync is used
-            dist.broadcast(tensor, src=0)
-    optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate)
-    target_network = QNetwork(**agent_kwargs).to(device)
-    target_network.load_state_dict(q_network.state_dict())  # a copy of the synchronised online net
-    rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
-    if ckpt:
-        q_network.load_state_dict(ckpt["q_network"])
-        target_network.load_state_dict(ckpt["target_network"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        rt.resume_rng(run, ckpt, args.seed)  # each rank's own streams; at another world size, new ones
-    model = DDP(q_network) if world_size > 1 and args.grad_sync == "ddp" else q_network
-    eval_envs = make_eval_envs(args, args.eval_episodes, rt.video_dir(run)) if run.is_main and args.eval_every else None
-
-    # ALE's C++ vector env cannot be pickled: a resumed run seeds its envs past the seeds earlier attempts used.
-    env_seed0 = args.seed + rank * local_num_envs + (start_iteration - 1) * sizes["num_envs"]
-    obs, infos = envs.reset(seed=np.arange(env_seed0, env_seed0 + local_num_envs, dtype=np.int64))
-    rb = FrameReplayBuffer(sizes["env_buffer_capacity"], local_num_envs)
-    obs_first = np.ones(local_num_envs, dtype=bool)  # `obs` came from a reset
-    obs_final = np.zeros(local_num_envs, dtype=bool)  # `obs` is a game's last: the next step resets
-    prev_lives = infos["lives"].copy()
-    episode_return, episode_length = np.zeros(local_num_envs), np.zeros(local_num_envs, dtype=np.int64)
-    # this rank's sums since the last logged step, by name: finished games, and updates (loss, Q, count)
-    sums = dict.fromkeys(("ep_return", "ep_length", "ep_count", "td_loss", "q_values", "updates"), 0.0)
-    num_updates = ckpt["num_updates"] if ckpt else 0
-    num_target_updates = ckpt["num_target_updates"] if ckpt else 0
-    update_seconds = 0.0  # rank 0's time in gradient updates (on a GPU: in queueing them), per log interval
-    num_iterations, preempted = sizes["num_iterations"], False
-    rt.open_run(run, sizes, ckpt)  # check the sizes, claim the run directory, TensorBoard (W&B); SPS clock starts
-
-    for iteration in range(start_iteration, num_iterations + 1):
-        prev_step = global_step
-        global_step += sizes["num_envs"]  # global: all ranks step at once
-
-        # ALGO LOGIC: put action logic here (epsilon from the GLOBAL step: the same on every rank)
-        epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, prev_step)
-        explore = np.random.random(local_num_envs) < epsilon
-        actions = np.random.randint(0, n_actions, local_num_envs)
-        if not explore.all():
-            with torch.no_grad():  # the unwrapped network: inference must not go through DDP
-                greedy = q_network(to_device(obs, device, run.pin)).argmax(dim=1).cpu().numpy()  # the one wait
-            actions = np.where(explore, actions, greedy)
-
-        # TRY NOT TO MODIFY: execute the game and log data.
-        next_obs, rewards, terminations, truncations, infos = envs.step(actions)
-        lives = infos["lives"]
-        game_over = (terminations | truncations) & ~obs_final  # a step from a final obs is the reset
-        # episodic life (Mnih et al. 2015): a lost life ends the episode for learning, not for logging
-        terminated = (terminations | life_lost(lives, prev_lives)) & ~obs_final
-        episode_return += rewards * ~obs_final
-        episode_length += ~obs_final
-        sums["ep_return"] += episode_return[game_over].sum()
-        sums["ep_length"] += episode_length[game_over].sum()
-        sums["ep_count"] += game_over.sum()
-        episode_return[game_over], episode_length[game_over] = 0, 0
-
-        # TRY NOT TO MODIFY: save data to the replay buffer (one frame per step: the newest of the stack)
-        rb.add(obs[:, -1], actions, np.sign(rewards), terminated, obs_first, obs_final)
-        obs_first, obs_final = obs_final, game_over  # the step after a final obs is an autoreset
-        prev_lives = lives.copy()
-        obs = next_obs
-
-        # ALGO LOGIC: training. The number of updates and the target syncs depend on the GLOBAL step
-        # only, so every rank runs the same number of DDP all-reduces.
-        if global_step > train_start:
-            update_start = time.perf_counter()
-            for _ in range(rt.steps_crossed(prev_step, global_step, args.train_frequency)):
-                # sampled on the host (see the docs), copied through page-locked memory: the host does not wait
-                data = {k: to_device(v, device, run.pin) for k, v in rb.sample(args.local_batch_size).items()}
-                loss, q_mean = update_q_network(data, model, q_network, target_network, optimizer, args, world_size)
-                sums["td_loss"] += loss.double()  # device tensors until the logged step
-                sums["q_values"] += q_mean.double()
-                sums["updates"] += 1
-                num_updates += 1
-            if rt.steps_crossed(prev_step, global_step, args.target_network_frequency):
-                # every rank copies its (identical) online network at the same global step
-                with torch.no_grad():
-                    for target_param, q_param in zip(target_network.parameters(), q_network.parameters(), strict=True):
-                        target_param.copy_(args.tau * q_param + (1.0 - args.tau) * target_param)
-                num_target_updates += 1
-            update_seconds += time.perf_counter() - update_start
-
-        # Metrics of ALL ranks every --log-every global steps, by name in one all-reduce (sums; rank 0 logs).
-        last = iteration == num_iterations
-        logging = bool(rt.steps_crossed(prev_step, global_step, args.log_every)) or last
-        if logging:
-            m, sums = rt.all_sum(run, sums), dict.fromkeys(sums, 0.0)
-            scalars = {"charts/epsilon": epsilon, "charts/updates": num_updates}
-            scalars |= {"charts/target_updates": num_target_updates, "perf/update_seconds": update_seconds}
-            if m["updates"]:  # no losses in an interval without updates
-                scalars |= {f"losses/{k}": m[k] / m["updates"] for k in ("td_loss", "q_values")}
-            rt.log(run, global_step, scalars, (m["ep_return"], m["ep_length"], m["ep_count"]))
-            update_seconds = 0.0
-        if rt.steps_crossed(prev_step, global_step, args.sync_check_every):  # the target network too
-            rt.check_replicas_in_sync(f"iteration {iteration}", world_size, q_network, target_network, optimizer)
-
-        # Evaluation on rank 0; the stop decision is broadcast, so all ranks stop together.
-        reached = False
-        if rt.steps_crossed(prev_step, global_step, args.eval_every):
-            with rt.off_the_clock(run):
-                video = f"eval-step{global_step}" if args.capture_video else None
-                seed = args.seed + 10**9 + global_step  # seeds no training env uses
-                result = (
-                    evaluate(q_network, eval_envs, args, args.eval_greedy, seed, device, video) if run.is_main else None
-                )
-                reached = rt.log_evaluation(run, result, global_step)
-
-        preempted = logging and rt.preempted(run)  # the vote, on logged steps only: every rank stops there
-        if last or preempted or reached or rt.steps_crossed(prev_step, global_step, args.checkpoint_every):
-            # no rank_state: ALE's C++ vector env cannot be pickled, nor is the replay memory saved (see above)
-            state = dict(q_network=q_network.state_dict(), target_network=target_network.state_dict())
-            state |= dict(agent_kwargs=agent_kwargs, optimizer=optimizer.state_dict())
-            state |= dict(num_updates=num_updates, num_target_updates=num_target_updates)
-            rt.save_checkpoint(run, iteration, global_step, None, **state)
-        if preempted or reached:
-            break
-
-    rt.finish(run, global_step, preempted, envs, eval_envs)
-
-
-# ALGO LOGIC: the replay memory, the epsilon schedule, the loss, the update and the gradient all-reduce (imported
-# by the tests)
 class FrameReplayBuffer:
-    """The replay memory of one rank's envs; every 84x84 frame is stored once, as uint8.
+    """The replay memory of one rank's envs, every frame stored once (uint8), in one ring per env.
 
-    One ring of slots per env, all written in lockstep. Slot t of env e holds the NEWEST frame of
-    the observation the agent saw at step t, the action it took, the clipped reward and whether
-    the step terminated (a life loss or the end of the game). `first` marks a slot whose
-    observation came from a reset; `final` marks a game's last observation, from which the env
-    resets instead of acting (NextStep autoreset), so it is the next_obs of the slot before it
-    but not a transition of its own.
-
-    Stacks are rebuilt at sample time from the STACK_NUM newest slots, with zero frames before an
-    episode's first slot (exactly what the env shows after a reset); next_obs is the stack at
-    t + 1. A transition is sampled only when its next slot is written and, once the ring has
-    wrapped, when its stack reaches no slot that newer data has overwritten.
+    Slot t holds the NEWEST frame of the observation at step t, the action, the clipped reward and
+    whether the step terminated. `first` marks an observation from a reset; `final` a game's last
+    one (NextStep autoreset), the next_obs of the slot before it, not a transition of its own.
+    Stacks are rebuilt at sample time, with zero frames before an episode's first slot.
     """
 
     def __init__(self, capacity: int, num_envs: int, frame_shape=FRAME_SHAPE, stack_num: int = STACK_NUM):
@@ -367,7 +209,7 @@ class FrameReplayBuffer:
         """The frame stacks ending at physical `slot` of envs `env_idx`: uint8 [B, stack_num, H, W]."""
         slots = (slot[:, None] + np.arange(1 - self.stack_num, 1)) % self.capacity  # oldest .. newest
         first = self.first[env_idx[:, None], slots]
-        # a frame is part of the stack unless an episode starts AFTER it (at a later position in the stack)
+        # a frame is part of the stack unless an episode starts AFTER it (later in the stack)
         starts_at_or_after = np.flip(np.cumsum(np.flip(first, 1), 1), 1)
         keep = (starts_at_or_after - first) == 0
         return self.frames[env_idx[:, None], slots] * keep[:, :, None, None].astype(np.uint8)
@@ -383,12 +225,12 @@ class FrameReplayBuffer:
         )
 
     def sample(self, batch_size: int, rng=np.random) -> dict:
-        """Uniform over the valid transitions of all envs (`final` slots are redrawn); `rng`: a RandomState."""
+        """Uniform over the valid transitions (`final` slots redrawn); `rng`: a RandomState."""
         if self.size < 2:
             raise ValueError("the replay buffer needs at least two steps before sampling")
-        # logical age 0 is the oldest slot; the newest slot (age size - 1) has no next_obs yet
+        # age 0 is the oldest slot; the newest one has no next_obs yet
         oldest = self.pos if self.size == self.capacity else 0
-        low = self.stack_num - 1 if self.size == self.capacity else 0  # older stacks reach overwritten slots
+        low = self.stack_num - 1 if self.size == self.capacity else 0  # older stacks are overwritten
         env_idx = rng.randint(0, self.num_envs, batch_size)
         slot = (oldest + rng.randint(low, self.size - 1, batch_size)) % self.capacity
         redraw = self.final[env_idx, slot]
@@ -410,10 +252,8 @@ def life_lost(lives: np.ndarray, prev_lives: np.ndarray) -> np.ndarray:
 
 
 def td_loss(model, target_network, obs, actions, rewards, next_obs, terminated, gamma: float):
-    """CleanRL's DQN loss on one local batch: MSE to the target network's one-step TD target.
-
-    `model` is the DDP-wrapped Q-network (or the plain one). Returns (loss, mean Q of the taken actions).
-    """
+    """CleanRL's DQN loss on one local batch; `model` is the DDP-wrapped Q-network (or the plain one).
+    Returns (loss, mean Q of the taken actions)."""
     with torch.no_grad():
         target_max, _ = target_network(next_obs).max(dim=1)
         td_target = rewards + gamma * target_max * (1 - terminated)
@@ -422,8 +262,7 @@ def td_loss(model, target_network, obs, actions, rewards, next_obs, terminated, 
 
 
 def update_q_network(data: dict, model, q_network, target_network, optimizer, args: Args, world_size: int):
-    """One gradient step of the Q-network on this rank's batch `data`, gradients averaged over ranks (`model`'s DDP
-    hooks, or the flat all-reduce). Returns (TD loss, mean Q of the taken actions), detached, on the device."""
+    """One gradient step on this rank's batch `data`, gradients averaged over ranks; returns `td_loss`'s."""
     loss, q_mean = td_loss(model, target_network, **data, gamma=args.gamma)
     optimizer.zero_grad(set_to_none=False)
     loss.backward()
@@ -431,15 +270,6 @@ def update_q_network(data: dict, model, q_network, target_network, optimizer, ar
         all_reduce_gradients_flat(list(q_network.parameters()), world_size)
     optimizer.step()
     return loss.detach(), q_mean
-
-
-def to_device(array: np.ndarray, device, pin: bool) -> torch.Tensor:
-    """`array` on `device`, through page-locked memory when `pin` (then the copy does not make the host wait). The
-    staging tensor is new at each call: torch's caching host allocator does not hand it out again before that
-    copy has run. On CPU the result is the staging tensor itself."""
-    staging = torch.empty(array.shape, dtype=torch.from_numpy(array).dtype, pin_memory=pin)
-    staging.numpy()[...] = array
-    return staging.to(device, non_blocking=pin)
 
 
 def all_reduce_gradients_flat(params, world_size: int) -> None:
@@ -459,51 +289,126 @@ def all_reduce_gradients_flat(params, world_size: int) -> None:
         offset += g.numel()
 
 
-# Evaluation on rank 0, in envs of its own: the interface every script offers (cleanrl_ddp/evaluate.py uses it)
-def make_eval_envs(args: Args, num_envs: int, video_dir: Optional[str] = None) -> AtariVectorEnv:
-    """`make_env`'s games in a vector env of their own; ALE cannot render, so `evaluate` writes the videos."""
-    envs = make_env(args.env_id, num_envs, min(torch.get_num_threads(), num_envs), sticky_action_probability(args))
-    envs.video_dir = video_dir  # where `evaluate` writes videos (None: it records none)
-    return envs
+def main() -> None:
+    args = tyro.cli(Args)
+    run = rt.start(args, SCRIPT)
+    state = ("q_network", "target_network", "optimizer", "num_updates", "num_target_updates")
+    args, ckpt = rt.load_run(run, args, required=state)
+    rank, world_size, device = run.rank, run.world_size, run.device
+    sizes = derive_sizes(args, world_size)
+    start_iteration = ckpt["iteration"] + 1 if ckpt else 1
+    global_step = ckpt["global_step"] if ckpt else 0
+    # the replay buffer is not saved: a resumed run refills it first
+    train_start = args.learning_starts + global_step
+    if ckpt and run.is_main:
+        print(f"  updates restart at global step {train_start} (buffer refill)", flush=True)
 
+    # CRUCIAL: every rank starts from the same weights, but steps its own envs with its own seeds and samples
+    # actions and minibatches from its own stream. Env seeds are global env indices (disjoint across ranks).
+    rt.seed_everything(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    n = args.local_num_envs
+    envs = make_env(args.env_id, n, min(n, torch.get_num_threads()), atari.sticky_action_probability(args))
+    n_actions = int(envs.single_action_space.n)
+    agent_kwargs = dict(n_actions=n_actions)
+    q_network = QNetwork(**agent_kwargs).to(device)
+    if world_size > 1:
+        for tensor in q_network.state_dict().values():  # the same start whichever --grad-sync is used
+            dist.broadcast(tensor, src=0)
+    optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate)
+    target_network = QNetwork(**agent_kwargs).to(device)
+    target_network.load_state_dict(q_network.state_dict())  # a copy of the synchronised online net
+    rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
+    if ckpt:
+        q_network.load_state_dict(ckpt["q_network"])
+        target_network.load_state_dict(ckpt["target_network"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        rt.resume_rng(run, ckpt, args.seed)
+    model = DDP(q_network) if world_size > 1 and args.grad_sync == "ddp" else q_network
 
-def load_agent(ckpt: dict, device) -> QNetwork:
-    q_network = QNetwork(**ckpt["agent_kwargs"]).to(device)
-    q_network.load_state_dict(ckpt["q_network"])
-    return q_network
+    # ALE's envs cannot be saved: a resumed run seeds them past the earlier attempts' seeds
+    obs, infos = envs.reset(seed=args.seed + rank * n + (start_iteration - 1) * sizes.num_envs)
+    rb = FrameReplayBuffer(sizes.env_buffer_capacity, n)
+    obs_first = np.ones(n, dtype=bool)  # `obs` came from a reset
+    obs_final = np.zeros(n, dtype=bool)  # `obs` is a game's last: the next step resets
+    prev_lives = infos["lives"].copy()
+    episodes = rt.Episodes(n)  # whole games
+    sums = dict(td_loss=0.0, q_values=0.0, updates=0)  # since the last logged step
+    num_updates = ckpt["num_updates"] if ckpt else 0
+    num_target_updates = ckpt["num_target_updates"] if ckpt else 0
+    update_seconds = 0.0  # rank 0's, per log interval
+    num_iterations, preempted = sizes.num_iterations, False
+    rt.open_run(run, sizes, ckpt)
 
+    for iteration in range(start_iteration, num_iterations + 1):
+        prev_step = global_step
+        global_step += sizes.num_envs  # global: all ranks step at once
 
-def evaluate(q_network, eval_envs, args: Args, greedy: bool, seed: int, device, video_name: Optional[str] = None):
-    """Play one whole game in each env of `eval_envs`, epsilon-greedily; returns (returns, lengths, video).
-
-    Epsilon is `args.eval_epsilon`, or 0 if `greedy`; returns are unclipped game scores. Exploration draws
-    from a generator of its own, so evaluating never moves the training streams. With `video_name`, env 0's
-    game (the newest frame of each observation) is written to {video_dir}/{video_name}.mp4 and `video` is
-    dict(path, frames [T, H, W, 3] uint8, fps); otherwise it is None.
-    """
-    epsilon = 0.0 if greedy else args.eval_epsilon
-    episodes = eval_envs.num_envs
-    rng = np.random.default_rng(seed)
-    obs, _ = eval_envs.reset(seed=np.arange(seed, seed + episodes, dtype=np.int64))
-    frames = [obs[0, -1]] if video_name is not None else None  # the first frame, before any action
-    returns, lengths = np.zeros(episodes), np.zeros(episodes, dtype=np.int64)
-    running = np.ones(episodes, dtype=bool)
-    while running.any():
-        explore = rng.random(episodes) < epsilon
-        actions = rng.integers(0, int(eval_envs.single_action_space.n), episodes)
+        # ALGO LOGIC: put action logic here (epsilon from the GLOBAL step: the same on every rank)
+        epsilon = linear_schedule(args.start_e, args.end_e, args.exploration_fraction * args.total_timesteps, prev_step)
+        explore = np.random.random(n) < epsilon
+        actions = np.random.randint(0, n_actions, n)
         if not explore.all():
-            with torch.no_grad():
-                best = q_network(torch.as_tensor(obs, device=device)).argmax(dim=1).cpu().numpy()
-            actions = np.where(explore, actions, best)
-        obs, reward, terminations, truncations, _ = eval_envs.step(actions)
-        returns += reward * running
-        lengths += running
-        if frames is not None and running[0]:  # NextStep autoreset: a game's last obs is still its own
-            frames.append(obs[0, -1])
-        running &= ~(terminations | truncations)  # later steps of that env are ignored
-    # 60 emulator frames per second, 4 per agent step: 15 frames per second is real time
-    video = rt.write_video(frames, eval_envs.video_dir, video_name, fps=15) if frames is not None else None
-    return returns, lengths, video
+            with torch.no_grad():  # the unwrapped network: inference must not go through DDP
+                q_values = q_network(rt.to_device(obs, device))
+            actions = np.where(explore, actions, q_values.argmax(dim=1).cpu().numpy())  # the one wait
+
+        # TRY NOT TO MODIFY: execute the game and log data.
+        next_obs, rewards, terminations, truncations, infos = envs.step(actions)
+        lives = infos["lives"]
+        game_over = (terminations | truncations) & ~obs_final  # a step from a final obs is the reset
+        # episodic life (Mnih et al. 2015): a lost life ends the episode for learning, not for logging
+        terminated = (terminations | life_lost(lives, prev_lives)) & ~obs_final
+        episodes.step(rewards * ~obs_final, game_over, stepped=~obs_final)
+
+        # TRY NOT TO MODIFY: save data to the replay buffer (one frame per step: the newest of the stack)
+        rb.add(obs[:, -1], actions, atari.clip_reward(rewards), terminated, obs_first, obs_final)
+        obs_first, obs_final = obs_final, game_over  # the step after a final obs is an autoreset
+        prev_lives = lives.copy()
+        obs = next_obs
+
+        # ALGO LOGIC: training, on the GLOBAL step's schedule: every rank makes the same all-reduces
+        if global_step > train_start:
+            update_start = time.perf_counter()
+            for _ in range(rt.steps_crossed(prev_step, global_step, args.train_frequency)):
+                data = {k: rt.to_device(v, device) for k, v in rb.sample(args.local_batch_size).items()}
+                loss, q_mean = update_q_network(data, model, q_network, target_network, optimizer, args, world_size)
+                sums["td_loss"] += loss.double()
+                sums["q_values"] += q_mean.double()
+                sums["updates"] += 1
+                num_updates += 1
+            if rt.steps_crossed(prev_step, global_step, args.target_network_frequency):
+                with torch.no_grad():
+                    for target_param, q_param in zip(target_network.parameters(), q_network.parameters(), strict=True):
+                        target_param.copy_(args.tau * q_param + (1.0 - args.tau) * target_param)
+                num_target_updates += 1
+            update_seconds += time.perf_counter() - update_start
+
+        # metrics of ALL ranks, by name in one all-reduce
+        last = iteration == num_iterations
+        logging = bool(rt.steps_crossed(prev_step, global_step, args.log_every)) or last
+        if logging:
+            m, sums = rt.all_sum(run, sums | episodes.take()), dict.fromkeys(sums, 0.0)
+            scalars = {"charts/epsilon": epsilon, "charts/updates": num_updates}
+            scalars |= {"charts/target_updates": num_target_updates, "perf/update_seconds": update_seconds}
+            if m["updates"]:  # no losses in an interval without updates
+                scalars |= {f"losses/{k}": m[k] / m["updates"] for k in ("td_loss", "q_values")}
+            rt.log(run, global_step, scalars, m)
+            update_seconds = 0.0
+        if rt.steps_crossed(prev_step, global_step, args.sync_check_every):  # the target network too
+            rt.check_replicas_in_sync(f"iteration {iteration}", world_size, q_network, target_network, optimizer)
+        reached = evals.evaluate(run, q_network, eval_action, make_env, prev_step, global_step)
+
+        preempted = logging and rt.preempted(run)  # the vote, on logged steps only: every rank stops there
+        if last or preempted or reached or rt.steps_crossed(prev_step, global_step, args.checkpoint_every):
+            state = dict(q_network=q_network.state_dict(), target_network=target_network.state_dict())
+            state |= dict(agent_kwargs=agent_kwargs, optimizer=optimizer.state_dict())
+            state |= dict(num_updates=num_updates, num_target_updates=num_target_updates)
+            rt.save_checkpoint(run, iteration, global_step, None, **state)
+        if preempted or reached:
+            break
+
+    rt.finish_or_exit_preempted(run, global_step, preempted, envs)
 
 
 if __name__ == "__main__":

@@ -3,17 +3,15 @@
     python -m cleanrl_ddp.evaluate runs/20261125T081500Z__CartPole-v1__ppo_multigpu__1__b68db908 --episodes 10
     python -m cleanrl_ddp.evaluate runs/.../checkpoint.pt --sample --capture-video
 
-The checkpoint is loaded as data only (no code in it runs; a file of the old pickled format is refused).
-Its "script" key must name a script module of this package (cleanrl_ddp/<script>.py); this tool uses the
-evaluation interface every script offers (cleanrl_ddp/runtime.py): `load_agent(ckpt, device)`,
-`make_eval_envs(args, num_envs, video_dir)` and `evaluate(agent, eval_envs, args, greedy, seed, device,
-video_name)`, with the run's own `Args`. Atari episodes are whole games (all lives), scored with the
-game's own points. DQN plays epsilon-greedily: `--greedy` is epsilon 0, `--sample` the run's `--eval-epsilon`;
-TD3's actor is deterministic: `--sample` adds the run's `--exploration-noise`.
-Nothing is written into the run that is read: videos (`--capture-video`, needs `pip install -e ".[video]"`) go
-to `--out-dir` (default: a new directory `evaluate-<run>-step<N>` under the working directory), never over an
-existing file, and into the run's TensorBoard events only with `--log-to-run`. Bad input ends with one line
-`evaluate: error: ...` and exit code 2.
+The checkpoint is loaded as data only (no code in it runs; a pickled file is refused). Its "script" key must
+name a script module of this package (cleanrl_ddp/<script>.py); the script's `load_agent(ckpt, device)` rebuilds
+its agent, which plays with the script's `make_env` and `eval_action` in cleanrl_ddp/evals.py, as in training,
+with the run's own `Args`. Atari episodes are whole games (all lives), scored with the game's own points. DQN
+and PQN play epsilon-greedily: `--greedy` is epsilon 0, `--sample` the run's `--eval-epsilon` (PQN: `--end-e`);
+TD3's actor is deterministic: `--sample` adds the run's `--exploration-noise`. Nothing is written into the run
+that is read: videos (`--capture-video`, needs `pip install -e ".[video]"`) go to `--out-dir` (default: a new directory
+`evaluate-<run>-step<N>` under the working directory), never over an existing file, and into the run's TensorBoard
+events only with `--log-to-run`. Bad input ends with one line `evaluate: error: ...` and exit code 2.
 """
 
 import argparse
@@ -26,8 +24,9 @@ from dataclasses import fields
 import numpy as np
 import torch
 
+from cleanrl_ddp import evals
 from cleanrl_ddp.checkpoint import check_saved_env_id, read_checkpoint
-from cleanrl_ddp.runtime import EXIT_BAD_INPUT, RunError, log_video
+from cleanrl_ddp.errors import EXIT_BAD_INPUT, RunError
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -94,14 +93,14 @@ def main(argv=None) -> int:
         dest="greedy",
         action="store_true",
         default=None,
-        help="take the likeliest action (DQN: epsilon 0; TD3: the actor's action)",
+        help="take the likeliest action (DQN, PQN: epsilon 0; TD3: the actor's action)",
     )
     policy.add_argument(
         "--sample",
         dest="greedy",
         action="store_false",
-        help="sample actions from the policy (DQN: the run's --eval-epsilon; TD3: the actor's action plus the run's "
-        "--exploration-noise); default: the run's --eval-greedy",
+        help="sample actions from the policy (DQN: the run's --eval-epsilon; PQN: its --end-e; TD3: the actor's action "
+        "plus the run's --exploration-noise); default: the run's --eval-greedy",
     )
     parser.add_argument("--seed", type=int, default=12345, help="seed of the evaluation envs and sampling")
     parser.add_argument("--capture-video", action="store_true", help="record the first episode to --out-dir")
@@ -143,17 +142,19 @@ def main(argv=None) -> int:
         video_name = f"evaluate-step{ckpt['global_step']}"
         if os.path.lexists(os.path.join(video_dir, f"{video_name}.mp4")):
             raise EvalError(f"{os.path.join(video_dir, video_name)}.mp4 exists: pass another --out-dir")
-    eval_envs = module.make_eval_envs(args, options.episodes, video_dir)
+    envs = evals.make_envs(module.make_env, args, options.episodes, video_dir)
     try:
-        returns, lengths, video = module.evaluate(agent, eval_envs, args, greedy, options.seed, device, video_name)
+        returns, lengths, video = evals.play(
+            agent, module.eval_action, envs, args, greedy, options.seed, device, video_name
+        )
     finally:
-        eval_envs.close()
+        envs.close()
     if video is not None:
         if options.log_to_run:
             from torch.utils.tensorboard import SummaryWriter
 
             writer = SummaryWriter(run_dir)  # next to the run's own events: TensorBoard shows it with the run
-            log_video(writer, video, ckpt["global_step"], track=False)
+            evals.log_video(writer, video, ckpt["global_step"], track=False)
             writer.close()
         print(f"video: {video['path']}")
     print(

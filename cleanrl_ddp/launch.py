@@ -1,7 +1,7 @@
 """The launcher's side of a run, which no script calls: who this process is (torchrun's or SLURM's
 variables), the id of the launch, preemption signals, the elastic-restart checks, the device and the threads.
 
-`runtime.start` and `runtime.resume` call these; habitat-lab keeps such helpers in its `ddp_utils.py`.
+`runtime.start` and `runtime.load_run` call these; habitat-lab keeps such helpers in its `ddp_utils.py`.
 """
 
 import glob
@@ -11,11 +11,14 @@ import secrets
 import signal
 import sys
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from cleanrl_ddp import runtime as rt
+from cleanrl_ddp.errors import RunError
+
+if TYPE_CHECKING:  # for the annotations only: runtime imports this module, never the other way
+    from cleanrl_ddp.runtime import Run
 
 
 # ---------------------------------------------------------------------------------------------- who this process is
@@ -42,7 +45,7 @@ def read_launch_env() -> tuple[int, int, int, int]:
     if int(env.get("SLURM_NTASKS", 1)) > 1:  # srun, one task per process
         for var in ("MASTER_ADDR", "MASTER_PORT"):
             if var not in env:
-                raise rt.RunError(f"under srun, export {var} (e.g. the first host of the job and a free port)")
+                raise RunError(f"under srun, export {var} (e.g. the first host of the job and a free port)")
         rank, local_rank = int(env["SLURM_PROCID"]), int(env.get("SLURM_LOCALID", 0))
         return rank, local_rank, int(env["SLURM_NTASKS"]), slurm_tasks_on_node(env)
     return 0, 0, 1, 1
@@ -77,7 +80,7 @@ def default_run_name(runs_dir: str, prefix: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- preemption signals
-def catch_signals(run) -> None:
+def catch_signals(run: "Run") -> None:
     """SIGTERM/SIGUSR1 and a first Ctrl-C only record the signal in `run.signals`: all ranks vote and stop together
     (`runtime.preempted`). A second Ctrl-C stops at once (`interrupt`)."""
     for sig in (signal.SIGTERM, signal.SIGUSR1):
@@ -85,7 +88,7 @@ def catch_signals(run) -> None:
     signal.signal(signal.SIGINT, lambda signum, frame: interrupt(run))
 
 
-def interrupt(run) -> None:
+def interrupt(run: "Run") -> None:
     """Ctrl-C (SIGINT): the first one is a preemption (a checkpoint at the end of the iteration, exit 75);
     a second one raises KeyboardInterrupt, which `exit_codes` turns into an immediate exit 130."""
     if signal.SIGINT in run.signals:
@@ -131,13 +134,13 @@ def check_elastic_restarts(run_name: Optional[str]) -> None:
     # torchrun shares one TCPStore across restarts (torch >= 2.4, and always with the static rendezvous):
     # restarted workers read the previous attempt's addresses and fail to connect (pytorch#135712).
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        raise rt.RunError(
+        raise RunError(
             f"{what} needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 exported and the c10d rendezvous "
             "(--standalone, or --rdzv-backend=c10d): otherwise restarted workers fail to connect (pytorch#135712)"
         )
     stable_id = os.environ.get("TORCHELASTIC_RUN_ID", "none") not in ("", "none") or "SLURM_JOB_ID" in os.environ
     if not stable_id and run_name is None:  # launch_id() would be random: a restart would start a new run
-        raise rt.RunError(f"{what} needs a run name that survives restarts: pass --rdzv-id=JOB_ID")
+        raise RunError(f"{what} needs a run name that survives restarts: pass --rdzv-id=JOB_ID")
 
 
 # ---------------------------------------------------------------------------------------------- device and threads
@@ -145,12 +148,12 @@ def choose_device(use_cuda: bool, backend: Optional[str], local_rank: int, local
     """(device, backend): the local rank's GPU when CUDA is used (gloo included), else the CPU."""
     if not use_cuda:
         if backend == "nccl":
-            raise rt.RunError("--backend nccl needs CUDA; use --backend gloo (or omit it) on CPU")
+            raise RunError("--backend nccl needs CUDA; use --backend gloo (or omit it) on CPU")
         return torch.device("cpu"), "gloo"
     backend = backend or "nccl"
     n_gpus = torch.cuda.device_count()
     if backend == "nccl" and local_world_size > n_gpus and not share_gpus:
-        raise rt.RunError(
+        raise RunError(
             f"NCCL cannot put two ranks on one GPU ({local_world_size} ranks on this node, {n_gpus} GPU(s) visible): "
             "pass --backend gloo to share GPUs, or launch at most one process per GPU"
         )
@@ -198,7 +201,7 @@ def user_omp_threads(env, agent_pid: Optional[int] = None) -> Optional[int]:
             pass
     threads = value.split(",")[0]  # OpenMP's nested form "4,2": the outer level
     if not threads.isdigit() or int(threads) < 1:
-        raise rt.RunError(f"OMP_NUM_THREADS must be a positive integer, got {value!r}")
+        raise RunError(f"OMP_NUM_THREADS must be a positive integer, got {value!r}")
     return int(threads)
 
 

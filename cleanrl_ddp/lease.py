@@ -1,6 +1,6 @@
 """The run directory's lease: one live run writes a run directory, and a second launch of the same run stops.
 
-The main rank takes the lease where `runtime` claims the run directory (`resume`; `claim_run_dir` for a new one)
+The main rank takes the lease where `runtime` claims the run directory (`load_run`; `claim_run_dir` for a new one)
 and holds it until the process ends: a POSIX record lock (`fcntl.lockf`) on `{run dir}/lease`, whose text
 names the holder (host, pid, launch id). The operating system drops the lock when the process dies, however
 it dies (an exit, an error, SIGKILL, an out-of-memory kill), so a restart (torchrun's, a SLURM requeue,
@@ -28,9 +28,9 @@ def holder_text(launch: str) -> str:
     return f"host {socket.gethostname()}, pid {os.getpid()}, launch {launch}"
 
 
-def take(run_dir: str, launch: str) -> Optional[str]:
-    """Hold `run_dir`'s lease until this process ends. Returns None, or, when a live process holds it, the one-line
-    error to stop with (having written nothing: the lease file exists while it is held)."""
+def take_or_refuse(run_dir: str, launch: str) -> Optional[str]:
+    """Take `run_dir`'s lease and hold it until this process ends: None. When a live process holds it, take nothing
+    and return the one-line refusal to stop with (nothing was written: the lease file exists while it is held)."""
     if run_dir in _held:
         return None
     path = os.path.join(run_dir, LEASE_FILE)
@@ -48,7 +48,7 @@ def take(run_dir: str, launch: str) -> Optional[str]:
                 f"{run_dir} is in use by a live run ({holder}): a second launch of the same run; stop that one first, "
                 "or pass another --run-name (nothing was written)"
             )
-        os.close(fd)  # the file system has no locks: go on, as before the lease existed
+        os.close(fd)  # the file system has no locks: go on without one
         print(f"warning: no lease on {run_dir} ({e.strerror}): a second launch would not be stopped", file=sys.stderr)
         return None
     text = holder_text(launch).encode()

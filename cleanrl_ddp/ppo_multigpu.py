@@ -8,10 +8,9 @@ Docs: docs/ppo_multigpu.md. Launch it any of these ways (all ranks run this same
         --master_addr=HOST --master_port=29500 cleanrl_ddp/ppo_multigpu.py  # 2 nodes x 8 processes
     srun --ntasks=16 --ntasks-per-node=8 python cleanrl_ddp/ppo_multigpu.py  # SLURM (see benchmark/slurm/)
 
-Every rank steps its own `--local-num-envs` environments; gradients are averaged across ranks each
-minibatch (DDP, or one flattened all-reduce with `--grad-sync flat`), so all ranks hold the same
-weights and together consume `--total-timesteps` env steps. Run plumbing (launch, checkpoints,
-preemption, logging) lives in cleanrl_ddp/runtime.py.
+Every rank steps its own `--local-num-envs` envs; gradients are averaged across ranks each minibatch
+(DDP, or one flat all-reduce with `--grad-sync flat`), so all ranks hold the same weights and together
+take `--total-timesteps` env steps. Run plumbing lives in cleanrl_ddp/runtime.py.
 """
 
 import os
@@ -29,7 +28,7 @@ import tyro
 from torch.distributions.categorical import Categorical
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from cleanrl_ddp import env_state
+from cleanrl_ddp import env_state, evals
 from cleanrl_ddp import runtime as rt
 
 SCRIPT = os.path.basename(__file__)[: -len(".py")]
@@ -39,12 +38,8 @@ SCRIPT = os.path.basename(__file__)[: -len(".py")]
 class Args(rt.RunArgs):
     exp_name: str = SCRIPT
     """the name of this experiment (part of the run name)"""
-    seed: int = 1
-    """seed of the experiment; rank r's envs and sampling streams are derived from it"""
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    cuda: bool = True
-    """if toggled and CUDA is available, train on `cuda:{local_rank}`"""
 
     # Algorithm specific arguments
     env_id: str = "CartPole-v1"
@@ -87,35 +82,6 @@ class Args(rt.RunArgs):
     """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
 
 
-def derive_sizes(args: Args, world_size: int) -> dict:
-    """Global and per-rank sizes from the flags and the world size; raises RunError (a ValueError) on bad input."""
-    for name in ("local_num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps"):
-        if getattr(args, name) < 1:
-            raise rt.RunError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    local_batch_size = args.local_num_envs * args.num_steps
-    if local_batch_size % args.num_minibatches != 0:
-        raise rt.RunError(
-            f"the local batch (--local-num-envs {args.local_num_envs} x --num-steps {args.num_steps} = "
-            f"{local_batch_size}) does not divide into --num-minibatches {args.num_minibatches}"
-        )
-    batch_size = local_batch_size * world_size
-    num_iterations = args.total_timesteps // batch_size
-    if num_iterations < 1:
-        raise rt.RunError(
-            f"--total-timesteps {args.total_timesteps} is smaller than one iteration's global batch "
-            f"({world_size} ranks x {args.local_num_envs} envs x {args.num_steps} steps = {batch_size})"
-        )
-    return dict(
-        world_size=world_size,
-        num_envs=args.local_num_envs * world_size,
-        local_batch_size=local_batch_size,
-        batch_size=batch_size,
-        local_minibatch_size=local_batch_size // args.num_minibatches,
-        minibatch_size=batch_size // args.num_minibatches,
-        num_iterations=num_iterations,
-    )
-
-
 def make_env(env_id: str, render_mode: Optional[str] = None):
     def thunk():
         return gym.make(env_id, render_mode=render_mode)
@@ -133,238 +99,89 @@ class Agent(nn.Module):
     def __init__(self, obs_dim: int, n_actions: int):
         super().__init__()
         self.critic = nn.Sequential(
-            layer_init(nn.Linear(obs_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
+            layer_init(nn.Linear(obs_dim, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
             layer_init(nn.Linear(64, 1), std=1.0),
-        )  # fmt: skip
+        )
         self.actor = nn.Sequential(
-            layer_init(nn.Linear(obs_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
+            layer_init(nn.Linear(obs_dim, 64)),
+            nn.Tanh(),
+            layer_init(nn.Linear(64, 64)),
+            nn.Tanh(),
             layer_init(nn.Linear(64, n_actions), std=0.01),
-        )  # fmt: skip
+        )
 
     def get_value(self, x):
         return self.critic(x)
 
     def get_action_and_value(self, x, action=None):
         logits = self.actor(x)
-        probs = Categorical(logits=logits, validate_args=False)  # validation reads values: a wait on a GPU
+        # validation reads values: a wait on a GPU
+        probs = Categorical(logits=logits, validate_args=False)
         if action is None:
             action = probs.sample()
         return action, probs.log_prob(action), probs.entropy(), self.critic(x)
 
     def forward(self, x, action):
-        # The loss goes through `forward` so that a DDP wrapper sees it and averages the gradients;
-        # rollout inference calls `get_action_and_value` on the unwrapped agent (no DDP hooks).
+        # the loss goes through `forward`, so that a DDP wrapper averages its gradients;
+        # the rollout calls `get_action_and_value` on the unwrapped agent
         return self.get_action_and_value(x, action)
 
 
-def main() -> None:
-    args = tyro.cli(Args)
-    run = rt.start(args, SCRIPT, use_cuda=args.cuda and torch.cuda.is_available())
-    args, ckpt = rt.resume(run, args, required=("agent", "optimizer", "agent_kwargs"))
-    rank, world_size, device = run.rank, run.world_size, run.device
-    rt.check_env(
-        args.env_id,
-        make_env,
-        gym.spaces.Discrete,
-        hint="try CartPole-v1 or Acrobot-v1; ppo_continuous_action_multigpu.py for continuous actions",
-    )
-    sizes = derive_sizes(args, world_size)
-    start_iteration = ckpt["iteration"] + 1 if ckpt else 1
-    global_step = ckpt["global_step"] if ckpt else 0
+def eval_action(agent: Agent, obs, greedy: bool, generator, args: Args):
+    """Evaluation's actions (cleanrl_ddp/evals.py): the likeliest, or sampled from `generator`."""
+    logits = agent.actor(obs)
+    if greedy:
+        return logits.argmax(dim=1)
+    return torch.multinomial(logits.softmax(dim=1), 1, generator=generator).squeeze(1)
 
-    # CRUCIAL: every rank starts from the same weights, but steps its own envs with its own seeds and
-    # samples actions from its own stream. Env seeds are global env indices (disjoint across ranks).
-    rt.seed_everything(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    envs = gym.vector.SyncVectorEnv(
-        [make_env(args.env_id) for _ in range(args.local_num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
-    )
-    agent_kwargs = dict(
-        obs_dim=int(np.prod(envs.single_observation_space.shape)), n_actions=int(envs.single_action_space.n)
-    )
-    agent = Agent(**agent_kwargs).to(device)
-    if world_size > 1:
-        for tensor in agent.state_dict().values():  # identical start whichever --grad-sync is used
-            dist.broadcast(tensor, src=0)
-    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
-    rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
-    if ckpt:
-        agent.load_state_dict(ckpt["agent"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        rt.resume_rng(run, ckpt, args.seed)  # each rank's own streams; at another world size, new ones
-    model = DDP(agent) if world_size > 1 and args.grad_sync == "ddp" else agent
-    eval_envs = make_eval_envs(args, args.eval_episodes, rt.video_dir(run)) if run.is_main and args.eval_every else None
 
-    env_seed0 = args.seed + rank * args.local_num_envs
-    next_obs, _ = envs.reset(seed=[env_seed0 + i for i in range(args.local_num_envs)])
-    episode_return, episode_length = np.zeros(args.local_num_envs), np.zeros(args.local_num_envs, dtype=np.int64)
-    next_done = np.zeros(args.local_num_envs)
-    if ckpt:  # every env continues exactly where it was, whichever rank steps it now
-        share = env_state.split_for_rank(run, ckpt)
-        if env_state.restore(run, envs.envs, share[0] if share else None):
-            next_obs, next_done, episode_return, episode_length = (x.numpy() for x in share[1:])
-        else:  # an env family with no state function: new episodes, from seeds no earlier attempt used
-            seed0 = env_seed0 + (start_iteration - 1) * sizes["num_envs"]
-            next_obs, _ = envs.reset(seed=[seed0 + i for i in range(args.local_num_envs)])
+def load_agent(ckpt: dict, device) -> Agent:
+    agent = Agent(**ckpt["agent_kwargs"]).to(device)
+    agent.load_state_dict(ckpt["agent"])
+    return agent
 
-    # ALGO Logic: Storage setup. Rewards and dones stay on the host (page-locked on CUDA) and cross to the
-    # device once per rollout; observations cross each step through a staging buffer of their own.
-    obs_shape = envs.single_observation_space.shape
-    obs = torch.zeros((args.num_steps, args.local_num_envs) + obs_shape, device=device)
-    actions = torch.zeros((args.num_steps, args.local_num_envs), dtype=torch.long, device=device)
-    logprobs = torch.zeros((args.num_steps, args.local_num_envs), device=device)
-    values = torch.zeros((args.num_steps, args.local_num_envs), device=device)
-    host_rewards = torch.zeros((args.num_steps, args.local_num_envs), pin_memory=run.pin)
-    host_dones = torch.zeros((args.num_steps + 1, args.local_num_envs), pin_memory=run.pin)  # last row: next_done
-    host_dones[-1] = torch.from_numpy(next_done)
-    staging = torch.zeros((args.local_num_envs,) + obs_shape, pin_memory=run.pin)
-    next_obs = to_device(next_obs, staging, device, run.pin)
-    num_iterations, preempted = sizes["num_iterations"], False
-    rt.open_run(run, sizes, ckpt)  # check the sizes, claim the run directory, TensorBoard (W&B); SPS clock starts
 
-    for iteration in range(start_iteration, num_iterations + 1):
-        rollout_start = time.perf_counter()
-        if args.anneal_lr:
-            frac = 1.0 - (iteration - 1.0) / num_iterations
-            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+# ALGO LOGIC: sizes, GAE, the loss and the gradient all-reduce (pure functions, imported by the tests)
+@dataclass(frozen=True)
+class Sizes(rt.Sizes):
+    local_batch_size: int
+    local_minibatch_size: int
+    minibatch_size: int
 
-        episodes = np.zeros(3)  # finished episodes of this iteration: sum of returns, sum of lengths, count
-        host_dones[0] = host_dones[-1]
-        for step in range(args.num_steps):
-            global_step += sizes["num_envs"]  # global: all ranks step at once
-            obs[step] = next_obs  # a copy: `staging` (next_obs on CPU) is reused below
 
-            # ALGO LOGIC: action logic (unwrapped agent: inference must not go through DDP)
-            with torch.no_grad():
-                action, logprob, _, value = agent.get_action_and_value(next_obs)
-                values[step] = value.flatten()
-            actions[step] = action
-            logprobs[step] = logprob
-
-            # TRY NOT TO MODIFY: execute the game and log data.
-            next_obs_np, reward, terminations, truncations, _ = envs.step(action.cpu().numpy())
-            next_done_np = np.logical_or(terminations, truncations)
-            episode_return += reward
-            episode_length += 1
-            episodes += (episode_return[next_done_np].sum(), episode_length[next_done_np].sum(), next_done_np.sum())
-            episode_return[next_done_np], episode_length[next_done_np] = 0, 0
-            host_rewards[step] = torch.from_numpy(reward)
-            host_dones[step + 1] = torch.from_numpy(next_done_np)
-            next_obs = to_device(next_obs_np, staging, device, run.pin)
-
-        rewards = host_rewards.to(device, non_blocking=run.pin)
-        all_dones = host_dones.to(device, non_blocking=run.pin)
-        dones, next_done = all_dones[:-1], all_dones[-1]
-
-        update_start = time.perf_counter()
-        grad_sync_seconds = 0.0
-        # bootstrap value if not done
-        with torch.no_grad():
-            next_value = agent.get_value(next_obs).reshape(1, -1)
-            advantages, returns = compute_gae(
-                rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda
-            )
-
-        # flatten the batch
-        b_obs = obs.reshape((-1,) + envs.single_observation_space.shape)
-        b_logprobs = logprobs.reshape(-1)
-        b_actions = actions.reshape(-1)
-        b_advantages = advantages.reshape(-1)
-        b_returns = returns.reshape(-1)
-        b_values = values.reshape(-1)
-        batch = (b_obs, b_actions, b_logprobs, b_returns, b_values)  # ppo_loss's order, after the advantages
-
-        # Optimizing the policy and value network. Every rank runs the same number of minibatches:
-        # each minibatch's backward issues the same all-reduces everywhere.
-        local_batch_size, local_minibatch_size = sizes["local_batch_size"], sizes["local_minibatch_size"]
-        loss_sums, num_updates = {}, 0
-        for _epoch in range(args.update_epochs):
-            b_inds = torch.randperm(local_batch_size, device=device).view(-1, local_minibatch_size)  # row k: minibatch
-            # CRUCIAL: minibatch k's advantages are normalised with the statistics of global minibatch k (row k of
-            # every rank): one all-reduce for all the minibatches of the epoch
-            epoch_advantages = b_advantages[b_inds]
-            if args.norm_adv:
-                epoch_advantages = normalize_advantages(epoch_advantages, world_size)
-            for mb_inds, mb_advantages in zip(b_inds, epoch_advantages, strict=True):
-                loss, mb_stats = ppo_loss(model, mb_advantages, *(b[mb_inds] for b in batch), args)
-                optimizer.zero_grad(set_to_none=False)
-                loss.backward()
-                if world_size > 1 and args.grad_sync == "flat":
-                    sync_start = time.perf_counter()
-                    all_reduce_gradients_flat(list(agent.parameters()), world_size)
-                    grad_sync_seconds += time.perf_counter() - sync_start
-                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                optimizer.step()
-                loss_sums = {k: loss_sums.get(k, 0) + v for k, v in mb_stats.items()}
-                num_updates += 1
-
-            if args.target_kl is not None:
-                # CRUCIAL: decide from the KL averaged over ranks, so every rank stops after the same epoch
-                kl = mb_stats["approx_kl"].clone()
-                if world_size > 1:
-                    dist.all_reduce(kl)
-                if kl.item() / world_size > args.target_kl:
-                    break
-        update_seconds = time.perf_counter() - update_start
-
-        # Metrics of ALL ranks, by name in one all-reduce: losses averaged over ranks, episodes summed,
-        # explained variance from the global batch's sums.
-        y, d = b_returns, b_returns - b_values
-        m = rt.all_sum(
-            run,
-            {f"losses/{k}": v / num_updates / world_size for k, v in loss_sums.items()}
-            | dict(y=y.sum(), y2=(y * y).sum(), d=d.sum(), d2=(d * d).sum())
-            | dict(ep_return=episodes[0], ep_length=episodes[1], ep_count=episodes[2]),
+def derive_sizes(args: Args, world_size: int) -> Sizes:
+    """Global and per-rank sizes from the flags and the world size; raises RunError on bad input."""
+    rt.require_at_least_1(args, "local_num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps")
+    local_batch_size = args.local_num_envs * args.num_steps
+    if local_batch_size % args.num_minibatches != 0:
+        raise rt.RunError(
+            f"the local batch (--local-num-envs {args.local_num_envs} x --num-steps {args.num_steps} = "
+            f"{local_batch_size}) does not divide into --num-minibatches {args.num_minibatches}"
         )
-        n = sizes["batch_size"]
-        var_y = m.pop("y2") / n - (m.pop("y") / n) ** 2
-        var_diff = m.pop("d2") / n - (m.pop("d") / n) ** 2
-        perf = {"perf/rollout_seconds": update_start - rollout_start, "perf/update_seconds": update_seconds}
-        if world_size > 1 and args.grad_sync == "flat":
-            perf["perf/grad_sync_seconds"] = grad_sync_seconds
-        scalars = {
-            "charts/learning_rate": optimizer.param_groups[0]["lr"],
-            "losses/explained_variance": np.nan if var_y == 0 else 1 - var_diff / var_y,
-            "charts/updates_per_iteration": num_updates,
-            **{k: v for k, v in m.items() if k.startswith("losses/")},
-            **perf,  # rank 0's own wall time of this iteration's parts (waits for other ranks included)
-        }
-        rt.log(run, global_step, scalars, (m["ep_return"], m["ep_length"], m["ep_count"]))
-        if args.sync_check_every and iteration % args.sync_check_every == 0:
-            rt.check_replicas_in_sync(f"iteration {iteration}", world_size, agent, optimizer)
-
-        # Evaluation on rank 0; the stop decision is broadcast, so all ranks stop together.
-        reached = False
-        if rt.steps_crossed(global_step - sizes["batch_size"], global_step, args.eval_every):
-            with rt.off_the_clock(run):
-                video = f"eval-step{global_step}" if args.capture_video else None
-                seed = args.seed + 10**9 + global_step  # seeds no training env uses
-                result = (
-                    evaluate(agent, eval_envs, args, args.eval_greedy, seed, device, video) if run.is_main else None
-                )
-                reached = rt.log_evaluation(run, result, global_step)
-
-        preempted = rt.preempted(run)  # a SIGTERM/SIGUSR1 on any rank stops every rank here
-        last = iteration == num_iterations or preempted or reached
-        if last or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
-            env_states = [env_state.capture(env) for env in envs.envs]  # data (tensors, numbers), never pickled objects
-            episodes_so_far = torch.from_numpy(episode_return), torch.from_numpy(episode_length)
-            rank_state = (env_states, staging.clone(), host_dones[-1].clone(), *episodes_so_far)  # this rank's
-            state = dict(agent=agent.state_dict(), agent_kwargs=agent_kwargs, optimizer=optimizer.state_dict())
-            rt.save_checkpoint(run, iteration, global_step, rank_state, **state)
-        if preempted or reached:
-            break
-
-    rt.finish(run, global_step, preempted, envs, eval_envs)
+    batch_size = local_batch_size * world_size
+    num_iterations = args.total_timesteps // batch_size
+    if num_iterations < 1:
+        raise rt.RunError(
+            f"--total-timesteps {args.total_timesteps} is smaller than one iteration's global batch "
+            f"({world_size} ranks x {args.local_num_envs} envs x {args.num_steps} steps = {batch_size})"
+        )
+    return Sizes(
+        world_size=world_size,
+        num_envs=args.local_num_envs * world_size,
+        batch_size=batch_size,
+        num_iterations=num_iterations,
+        local_batch_size=local_batch_size,
+        local_minibatch_size=local_batch_size // args.num_minibatches,
+        minibatch_size=batch_size // args.num_minibatches,
+    )
 
 
-# ALGO LOGIC: GAE, the loss and the gradient all-reduce (pure functions, imported by the tests)
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
-    """Generalised advantage estimation over a [num_steps, num_envs] rollout; returns (advantages, returns).
-
-    `dones[t]` is 1 when `obs[t]` starts a new episode (CleanRL's convention), `next_done` likewise
-    for the observation after the rollout.
-    """
+    """GAE over a [num_steps, num_envs] rollout; returns (advantages, returns). `dones[t]` is 1 when
+    `obs[t]` starts a new episode (CleanRL's convention), `next_done` for the obs after the rollout."""
     num_steps = rewards.shape[0]
     advantages = torch.zeros_like(rewards)
     lastgaelam = 0
@@ -381,14 +198,10 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
 
 
 def normalize_advantages(adv: torch.Tensor, world_size: int) -> torch.Tensor:
-    """Normalise each row of `adv` [num_minibatches, local minibatch] (or one minibatch [local minibatch]) with
-    the mean and (unbiased) std of that *global* minibatch: row k of every rank together.
-
-    One all-reduce of (sum, sum of squares, count) per row in float64, for all the minibatches of an epoch at
-    once, so that a 2-rank update equals the single-process update on the union of the two local minibatches.
-    """
+    """Normalise each row of `adv` [num_minibatches, local minibatch] with the mean and std of that
+    *global* minibatch (row k of every rank): one all-reduce of float64 sums for the whole epoch."""
     a = adv.double()
-    count = torch.full(a.shape[:-1], a.shape[-1], dtype=a.dtype, device=a.device)  # on the device: no host copy
+    count = torch.full(a.shape[:-1], a.shape[-1], dtype=a.dtype, device=a.device)  # no host copy
     stats = torch.stack([a.sum(-1), (a * a).sum(-1), count])
     if world_size > 1:
         dist.all_reduce(stats)
@@ -399,11 +212,8 @@ def normalize_advantages(adv: torch.Tensor, world_size: int) -> torch.Tensor:
 
 
 def ppo_loss(model, mb_advantages, mb_obs, mb_actions, mb_logprobs, mb_returns, mb_values, args: Args):
-    """The clipped PPO loss of one local minibatch, and its named stats (detached).
-
-    `mb_advantages` come normalised (`normalize_advantages`, once per epoch for all minibatches) when --norm-adv is
-    on. `model` is the DDP-wrapped agent (or the plain agent with world size 1 or `--grad-sync flat`).
-    """
+    """The clipped PPO loss of one local minibatch, and its named stats (detached). `model` is the
+    DDP-wrapped agent (or the plain one); `mb_advantages` come normalised with --norm-adv."""
     _, newlogprob, entropy, newvalue = model(mb_obs, mb_actions)
     logratio = newlogprob - mb_logprobs
     ratio = logratio.exp()
@@ -435,14 +245,6 @@ def ppo_loss(model, mb_advantages, mb_obs, mb_actions, mb_logprobs, mb_returns, 
     return loss, {k: v.detach() for k, v in stats.items()}
 
 
-def to_device(obs: np.ndarray, staging: torch.Tensor, device, non_blocking: bool) -> torch.Tensor:
-    """The envs' observations on `device`, through `staging`. On CPU the result IS `staging` (no second copy):
-    it holds these observations until the next call. On CUDA the copy may still run when this returns; the
-    rollout's `action.cpu()` waits for it before the next call overwrites `staging`."""
-    staging.numpy()[:] = obs
-    return staging.to(device, non_blocking=non_blocking)
-
-
 def all_reduce_gradients_flat(params, world_size: int) -> None:
     """Average gradients across ranks with one all-reduce of one flat buffer (instead of DDP).
 
@@ -460,54 +262,197 @@ def all_reduce_gradients_flat(params, world_size: int) -> None:
         offset += g.numel()
 
 
-# Evaluation on rank 0, in envs of its own: the interface every script offers (cleanrl_ddp/evaluate.py uses it)
-def make_eval_envs(args: Args, num_envs: int, video_dir: Optional[str] = None) -> gym.vector.SyncVectorEnv:
-    """Evaluation envs apart from the training ones; with `video_dir`, env 0 can record MP4s (`evaluate` starts it)."""
-    envs = [make_env(args.env_id, "rgb_array" if video_dir and i == 0 else None) for i in range(num_envs)]
-    if video_dir:
-        first = envs[0]
-        envs[0] = lambda: gym.wrappers.RecordVideo(first(), video_dir, lambda _: False, disable_logger=True)
-    return gym.vector.SyncVectorEnv(envs)
+def main() -> None:
+    args = tyro.cli(Args)
+    run = rt.start(args, SCRIPT)
+    args, ckpt = rt.load_run(run, args, required=("agent", "optimizer", "agent_kwargs"))
+    rank, world_size, device = run.rank, run.world_size, run.device
+    rt.check_env(
+        args.env_id,
+        make_env,
+        gym.spaces.Discrete,
+        hint="try CartPole-v1 or Acrobot-v1; ppo_continuous_action_multigpu.py for continuous actions",
+    )
+    sizes = derive_sizes(args, world_size)
+    start_iteration = ckpt["iteration"] + 1 if ckpt else 1
+    global_step = ckpt["global_step"] if ckpt else 0
 
+    # CRUCIAL: every rank starts from the same weights, but steps its own envs with its own seeds and
+    # samples actions from its own stream. Env seeds are global env indices (disjoint across ranks).
+    rt.seed_everything(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    envs = gym.vector.SyncVectorEnv(
+        [make_env(args.env_id) for _ in range(args.local_num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+    agent_kwargs = dict(
+        obs_dim=int(np.prod(envs.single_observation_space.shape)),
+        n_actions=int(envs.single_action_space.n),
+    )
+    agent = Agent(**agent_kwargs).to(device)
+    if world_size > 1:
+        for tensor in agent.state_dict().values():  # the same start whichever --grad-sync is used
+            dist.broadcast(tensor, src=0)
+    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
+    if ckpt:
+        agent.load_state_dict(ckpt["agent"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        rt.resume_rng(run, ckpt, args.seed)
+    model = DDP(agent) if world_size > 1 and args.grad_sync == "ddp" else agent
 
-def load_agent(ckpt: dict, device) -> Agent:
-    agent = Agent(**ckpt["agent_kwargs"]).to(device)
-    agent.load_state_dict(ckpt["agent"])
-    return agent
+    env_seed0 = args.seed + rank * args.local_num_envs
+    next_obs, _ = envs.reset(seed=env_seed0)
+    episodes = rt.Episodes(args.local_num_envs)
+    next_done = np.zeros(args.local_num_envs)
+    if ckpt:  # every env continues exactly where it was, whichever rank steps it now
+        share = env_state.split_for_rank(run, ckpt)
+        if env_state.restore(run, envs.envs, share[0] if share else None):
+            next_obs, next_done, episodes.returns, episodes.lengths = (x.numpy() for x in share[1:])
+        else:  # an env family with no state function: new episodes, from seeds no earlier attempt used
+            next_obs, _ = envs.reset(seed=env_seed0 + (start_iteration - 1) * sizes.num_envs)
 
+    # ALGO Logic: Storage setup. Rewards and dones cross to the device once per rollout (page-locked on CUDA),
+    # observations at every step, through a staging buffer of their own.
+    n, obs_shape = args.local_num_envs, envs.single_observation_space.shape
+    obs = torch.zeros((args.num_steps, n) + obs_shape, device=device)
+    actions = torch.zeros((args.num_steps, n), dtype=torch.long, device=device)
+    logprobs = torch.zeros((args.num_steps, n), device=device)
+    values = torch.zeros((args.num_steps, n), device=device)
+    host_rewards = torch.zeros((args.num_steps, n), pin_memory=run.on_cuda)
+    host_dones = torch.zeros((args.num_steps + 1, n), pin_memory=run.on_cuda)  # last row: next_done
+    host_dones[-1] = torch.from_numpy(next_done)
+    staging = torch.zeros((n,) + obs_shape, pin_memory=run.on_cuda)
+    next_obs = rt.to_device(next_obs, device, staging)
+    num_iterations, preempted = sizes.num_iterations, False
+    rt.open_run(run, sizes, ckpt)
 
-def evaluate(agent, eval_envs, args: Args, greedy: bool, seed: int, device, video_name: Optional[str] = None):
-    """Play one episode in each env of `eval_envs`; returns (returns, lengths, video). Rank 0 only.
+    for iteration in range(start_iteration, num_iterations + 1):
+        rollout_start = time.perf_counter()
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / num_iterations
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
-    Sampled actions come from a generator of their own, so evaluating never moves the training
-    streams. With `video_name`, env 0's episode is saved as {video_dir}/{video_name}.mp4 and `video`
-    is dict(path, frames [T, H, W, C] uint8, fps); otherwise it is None.
-    """
-    episodes = eval_envs.num_envs
-    generator = torch.Generator(device=device).manual_seed(seed)
-    obs, _ = eval_envs.reset(seed=[seed + i for i in range(episodes)])
-    recorder = eval_envs.envs[0] if video_name is not None else None
-    if recorder is not None:
-        recorder.start_recording(video_name)
-        recorder.recorded_frames.append(recorder.render())  # the first frame, before any action
-    returns, lengths = np.zeros(episodes), np.zeros(episodes, dtype=np.int64)
-    running, video = np.ones(episodes, dtype=bool), None
-    while running.any():
+        host_dones[0] = host_dones[-1]
+        for step in range(args.num_steps):
+            global_step += sizes.num_envs  # global: all ranks step at once
+            obs[step] = next_obs  # a copy: `staging` is reused below
+
+            # ALGO LOGIC: action logic (the unwrapped agent: inference must not go through DDP)
+            with torch.no_grad():
+                action, logprob, _, value = agent.get_action_and_value(next_obs)
+                values[step] = value.flatten()
+            actions[step] = action
+            logprobs[step] = logprob
+
+            # TRY NOT TO MODIFY: execute the game and log data.
+            next_obs, reward, terminations, truncations, _ = envs.step(action.cpu().numpy())
+            next_done = np.logical_or(terminations, truncations)
+            episodes.step(reward, next_done)
+            host_rewards[step] = torch.from_numpy(reward)
+            host_dones[step + 1] = torch.from_numpy(next_done)
+            next_obs = rt.to_device(next_obs, device, staging)
+
+        rewards = host_rewards.to(device, non_blocking=run.on_cuda)
+        all_dones = host_dones.to(device, non_blocking=run.on_cuda)
+        dones, next_done = all_dones[:-1], all_dones[-1]
+
+        update_start = time.perf_counter()
+        grad_sync_seconds = 0.0
+        # bootstrap value if not done
         with torch.no_grad():
-            logits = agent.actor(torch.as_tensor(obs, dtype=torch.float32, device=device))
-            if greedy:
-                action = logits.argmax(dim=1)
-            else:
-                action = torch.multinomial(logits.softmax(dim=1), 1, generator=generator).squeeze(1)
-        obs, reward, terminations, truncations, _ = eval_envs.step(action.cpu().numpy())
-        returns += reward * running
-        lengths += running
-        running &= ~(terminations | truncations)  # NextStep autoreset: later steps of that env are ignored
-        if recorder is not None and recorder.recording and not running[0]:
-            path = os.path.join(recorder.video_folder, f"{video_name}.mp4")
-            video = dict(path=path, frames=np.stack(recorder.recorded_frames), fps=recorder.frames_per_sec)
-            recorder.stop_recording()  # writes the MP4
-    return returns, lengths, video
+            next_value = agent.get_value(next_obs).reshape(1, -1)
+            advantages, returns = compute_gae(
+                rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda
+            )
+
+        # flatten the batch
+        b_obs = obs.reshape((-1,) + obs_shape)
+        b_logprobs = logprobs.reshape(-1)
+        b_actions = actions.reshape(-1)
+        b_advantages = advantages.reshape(-1)
+        b_returns = returns.reshape(-1)
+        b_values = values.reshape(-1)
+
+        # Optimizing the policy and value network (the same minibatches, so the same all-reduces, on every rank)
+        loss_sums, num_updates = {}, 0
+        for _epoch in range(args.update_epochs):
+            b_inds = torch.randperm(sizes.local_batch_size, device=device).view(-1, sizes.local_minibatch_size)
+            # CRUCIAL: minibatch k (row k) is normalised with the statistics of global minibatch k
+            epoch_advantages = b_advantages[b_inds]
+            if args.norm_adv:
+                epoch_advantages = normalize_advantages(epoch_advantages, world_size)
+            for mb_inds, mb_advantages in zip(b_inds, epoch_advantages, strict=True):
+                loss, mb_stats = ppo_loss(
+                    model,
+                    mb_advantages,
+                    mb_obs=b_obs[mb_inds],
+                    mb_actions=b_actions[mb_inds],
+                    mb_logprobs=b_logprobs[mb_inds],
+                    mb_returns=b_returns[mb_inds],
+                    mb_values=b_values[mb_inds],
+                    args=args,
+                )
+                optimizer.zero_grad(set_to_none=False)
+                loss.backward()
+                if world_size > 1 and args.grad_sync == "flat":
+                    sync_start = time.perf_counter()
+                    all_reduce_gradients_flat(list(agent.parameters()), world_size)
+                    grad_sync_seconds += time.perf_counter() - sync_start
+                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                optimizer.step()
+                loss_sums = {k: loss_sums.get(k, 0) + v for k, v in mb_stats.items()}
+                num_updates += 1
+
+            if args.target_kl is not None:
+                # CRUCIAL: decide from the KL averaged over ranks, so every rank stops after the same epoch
+                kl = mb_stats["approx_kl"].clone()
+                if world_size > 1:
+                    dist.all_reduce(kl)
+                if kl.item() / world_size > args.target_kl:
+                    break
+        update_seconds = time.perf_counter() - update_start
+
+        # metrics of ALL ranks, by name in one all-reduce (explained variance from the global batch's sums)
+        y, d = b_returns, b_returns - b_values
+        m = rt.all_sum(
+            run,
+            {f"losses/{k}": v / num_updates / world_size for k, v in loss_sums.items()}
+            | dict(y=y.sum(), y2=(y * y).sum(), d=d.sum(), d2=(d * d).sum())
+            | episodes.take(),
+        )
+        n = sizes.batch_size
+        var_y = m["y2"] / n - (m["y"] / n) ** 2
+        var_diff = m["d2"] / n - (m["d"] / n) ** 2
+        scalars = {
+            "charts/learning_rate": optimizer.param_groups[0]["lr"],
+            "losses/explained_variance": np.nan if var_y == 0 else 1 - var_diff / var_y,
+            "charts/updates_per_iteration": num_updates,
+            **{k: v for k, v in m.items() if k.startswith("losses/")},
+            # rank 0's wall time, waits for other ranks included
+            "perf/rollout_seconds": update_start - rollout_start,
+            "perf/update_seconds": update_seconds,
+        }
+        if world_size > 1 and args.grad_sync == "flat":
+            scalars["perf/grad_sync_seconds"] = grad_sync_seconds
+        rt.log(run, global_step, scalars, m)
+        if args.sync_check_every and iteration % args.sync_check_every == 0:
+            rt.check_replicas_in_sync(f"iteration {iteration}", world_size, agent, optimizer)
+        reached = evals.evaluate(run, agent, eval_action, make_env, global_step - sizes.batch_size, global_step)
+
+        preempted = rt.preempted(run)  # a SIGTERM/SIGUSR1 on any rank stops every rank here
+        last = iteration == num_iterations or preempted or reached
+        if last or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
+            # this rank's envs as data (tensors, numbers), never pickled objects
+            env_states = [env_state.capture(env) for env in envs.envs]
+            host_state = (host_dones[-1].clone(), *map(torch.from_numpy, (episodes.returns, episodes.lengths)))
+            rank_state = (env_states, staging.clone(), *host_state)
+            state = dict(agent=agent.state_dict(), agent_kwargs=agent_kwargs, optimizer=optimizer.state_dict())
+            rt.save_checkpoint(run, iteration, global_step, rank_state, **state)
+        if preempted or reached:
+            break
+
+    rt.finish_or_exit_preempted(run, global_step, preempted, envs)
 
 
 if __name__ == "__main__":

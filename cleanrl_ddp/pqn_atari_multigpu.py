@@ -12,11 +12,10 @@ Run plumbing: runtime.py.
 """
 
 import os
-import re
+import time
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-import ale_py
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -27,6 +26,7 @@ import tyro
 from ale_py.vector_env import AtariVectorEnv
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from cleanrl_ddp import atari, evals
 from cleanrl_ddp import runtime as rt
 
 SCRIPT = os.path.basename(__file__)[: -len(".py")]
@@ -36,12 +36,8 @@ SCRIPT = os.path.basename(__file__)[: -len(".py")]
 class Args(rt.RunArgs):
     exp_name: str = SCRIPT
     """the name of this experiment (part of the run name)"""
-    seed: int = 1
-    """seed of the experiment; rank r's envs and sampling streams are derived from it"""
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    cuda: bool = True
-    """if toggled and CUDA is available, train on `cuda:{local_rank}`"""
 
     # Algorithm specific arguments
     env_id: str = "BreakoutNoFrameskip-v4"
@@ -80,29 +76,11 @@ class Args(rt.RunArgs):
     """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
 
 
-def ale_game(env_id: str) -> str:
-    """The ALE ROM name for `BreakoutNoFrameskip-v4`, `ALE/Breakout-v5`, `Breakout` or `breakout`."""
-    name = re.sub(r"(NoFrameskip|Deterministic)?-v[0-9]+$", "", env_id.removeprefix("ALE/"))
-    game = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()  # MsPacman -> ms_pacman
-    if game not in ale_py.roms.get_all_rom_ids():
-        raise rt.RunError(
-            f"unknown --env-id {env_id!r}: not an ALE game; try BreakoutNoFrameskip-v4, ALE/Pong-v5 or "
-            f"space_invaders (one of {len(ale_py.roms.get_all_rom_ids())} ROMs in ale_py.roms.get_all_rom_ids())"
-        )
-    return game
-
-
-def sticky_action_probability(args: Args) -> float:
-    if args.repeat_action_probability is not None:
-        return args.repeat_action_probability
-    return 0.25 if args.env_id.startswith("ALE/") and args.env_id.endswith("-v5") else 0.0
-
-
 def make_env(env_id: str, num_envs: int, num_threads: int = 1, repeat_action_probability: float = 0.0):
     """`num_envs` games in ALE's C++ vector env, DeepMind's preprocessing in C++, as ppo_atari_multigpu.py's:
     a life loss sets `terminated` but the game goes on; rewards unclipped; autoreset within the step."""
     return AtariVectorEnv(
-        ale_game(env_id),
+        atari.ale_game(env_id),
         num_envs,
         num_threads=num_threads,
         repeat_action_probability=repeat_action_probability,
@@ -155,31 +133,56 @@ class QNetwork(nn.Module):
         return self.network(x / 255.0)  # uint8 frames in: the rollout buffer stays uint8
 
 
-# ALGO LOGIC: pure functions (imported by the tests)
-def derive_sizes(args: Args, world_size: int) -> dict:
-    """Global and per-rank sizes; raises RunError on bad input."""
-    for name in ("local_num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps"):
-        if getattr(args, name) < 1:
-            raise rt.RunError(f"--{name.replace('_', '-')} must be at least 1")
+def eval_action(q_network: QNetwork, obs, greedy: bool, generator, args: Args):
+    """Evaluation's actions (cleanrl_ddp/evals.py): epsilon-greedy with --end-e (0 if `greedy`), drawn from
+    `generator`."""
+    q_values = q_network(obs)
+    epsilon = 0.0 if greedy else args.end_e
+    explore = torch.rand(len(obs), generator=generator, device=obs.device) < epsilon
+    random = torch.randint(q_values.shape[1], (len(obs),), generator=generator, device=obs.device)
+    return torch.where(explore, random, q_values.argmax(dim=1))
+
+
+def load_agent(ckpt: dict, device) -> QNetwork:
+    q_network = QNetwork(**ckpt["agent_kwargs"]).to(device)
+    q_network.load_state_dict(ckpt["q_network"])
+    return q_network
+
+
+# ALGO LOGIC: sizes, epsilon, Q(lambda), the update and the gradient all-reduce (pure functions, imported by the tests)
+@dataclass(frozen=True)
+class Sizes(rt.Sizes):
+    local_batch_size: int
+    local_minibatch_size: int
+    minibatch_size: int
+
+
+def derive_sizes(args: Args, world_size: int) -> Sizes:
+    """Global and per-rank sizes from the flags and the world size; raises RunError on bad input."""
+    rt.require_at_least_1(args, "local_num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps")
     if not args.exploration_fraction > 0:
         raise rt.RunError(f"--exploration-fraction must be positive, got {args.exploration_fraction}")
-    if not 0.0 <= sticky_action_probability(args) <= 1.0:
-        raise rt.RunError("--repeat-action-probability must be between 0 and 1")
     local_batch_size = args.local_num_envs * args.num_steps
     if local_batch_size % args.num_minibatches != 0:
-        raise rt.RunError(f"the local batch {local_batch_size} does not divide into --num-minibatches")
+        raise rt.RunError(
+            f"the local batch (--local-num-envs {args.local_num_envs} x --num-steps {args.num_steps} = "
+            f"{local_batch_size}) does not divide into --num-minibatches {args.num_minibatches}"
+        )
     batch_size = local_batch_size * world_size
     num_iterations = args.total_timesteps // batch_size
     if num_iterations < 1:
-        raise rt.RunError(f"--total-timesteps is smaller than one iteration's global batch {batch_size}")
-    return dict(
+        raise rt.RunError(
+            f"--total-timesteps {args.total_timesteps} is smaller than one iteration's global batch "
+            f"({world_size} ranks x {args.local_num_envs} envs x {args.num_steps} steps = {batch_size})"
+        )
+    return Sizes(
         world_size=world_size,
         num_envs=args.local_num_envs * world_size,
-        local_batch_size=local_batch_size,
         batch_size=batch_size,
+        num_iterations=num_iterations,
+        local_batch_size=local_batch_size,
         local_minibatch_size=local_batch_size // args.num_minibatches,
         minibatch_size=batch_size // args.num_minibatches,
-        num_iterations=num_iterations,
     )
 
 
@@ -235,59 +238,11 @@ def all_reduce_gradients_flat(params, world_size: int) -> None:
         offset += g.numel()
 
 
-def game_over(terminations, truncations, lives, prev_lives):
-    """Which envs finished a whole game this step, not just a life: with same-step autoreset a new
-    game's `lives` are full again (see ppo_atari_multigpu.py)."""
-    return truncations | (terminations & (lives >= prev_lives))
-
-
-# Evaluation on rank 0, in envs of its own (cleanrl_ddp/evaluate.py uses these three)
-def make_eval_envs(args: Args, num_envs: int, video_dir: Optional[str] = None) -> AtariVectorEnv:
-    """`make_env`'s games; ALE cannot render, so `evaluate` writes the videos to `video_dir` itself."""
-    envs = make_env(args.env_id, num_envs, min(torch.get_num_threads(), num_envs), sticky_action_probability(args))
-    envs.video_dir = video_dir
-    return envs
-
-
-def load_agent(ckpt: dict, device) -> QNetwork:
-    q_network = QNetwork(**ckpt["agent_kwargs"]).to(device)
-    q_network.load_state_dict(ckpt["q_network"])
-    return q_network
-
-
-def evaluate(q_network, eval_envs, args: Args, greedy: bool, seed: int, device, video_name: Optional[str] = None):
-    """One whole game per env, epsilon-greedy (0 if `greedy`, else --end-e) from a stream of its own; returns
-    (game scores, lengths, video); with `video_name`, env 0's game is recorded (the newest frame of each step)."""
-    epsilon, episodes = 0.0 if greedy else args.end_e, eval_envs.num_envs
-    rng = np.random.default_rng(seed)
-    obs, info = eval_envs.reset(seed=np.arange(seed, seed + episodes, dtype=np.int64))
-    prev_lives = info["lives"]
-    frames = [obs[0, -1]] if video_name is not None else None
-    returns, lengths = np.zeros(episodes), np.zeros(episodes, dtype=np.int64)
-    running = np.ones(episodes, dtype=bool)
-    while running.any():
-        with torch.no_grad():
-            q_values = q_network(torch.as_tensor(obs, device=device))
-        explore = rng.random(episodes) < epsilon
-        actions = np.where(explore, rng.integers(0, q_values.shape[1], episodes), q_values.argmax(1).cpu().numpy())
-        obs, reward, terminations, truncations, info = eval_envs.step(actions)
-        over = game_over(terminations, truncations, info["lives"], prev_lives)
-        prev_lives = info["lives"]
-        returns += reward * running
-        lengths += running
-        if frames is not None and running[0] and not over[0]:  # at a game over, obs is the next game's
-            frames.append(obs[0, -1])
-        running &= ~over
-    # 60 emulator frames per second, 4 per agent step: 15 frames per second is real time
-    return returns, lengths, rt.write_video(frames, eval_envs.video_dir, video_name, fps=15) if frames else None
-
-
 def main() -> None:
     args = tyro.cli(Args)
-    run = rt.start(args, SCRIPT, use_cuda=args.cuda and torch.cuda.is_available())
-    args, ckpt = rt.resume(run, args, required=("q_network", "optimizer", "agent_kwargs"))
+    run = rt.start(args, SCRIPT)
+    args, ckpt = rt.load_run(run, args, required=("q_network", "optimizer", "agent_kwargs"))
     rank, world_size, device = run.rank, run.world_size, run.device
-    ale_game(args.env_id)  # an unknown game: one line
     sizes = derive_sizes(args, world_size)
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = ckpt["global_step"] if ckpt else 0
@@ -298,54 +253,53 @@ def main() -> None:
     torch.backends.cudnn.deterministic = args.torch_deterministic
     n = args.local_num_envs
     # the env's C++ threads get the rank's share of its cores, as torch's threads do (they alternate)
-    envs = make_env(args.env_id, n, min(torch.get_num_threads(), n), sticky_action_probability(args))
+    envs = make_env(args.env_id, n, min(torch.get_num_threads(), n), atari.sticky_action_probability(args))
     n_actions = int(envs.single_action_space.n)
     agent_kwargs = dict(n_actions=n_actions)  # saved for cleanrl_ddp/evaluate.py
     q_network = QNetwork(**agent_kwargs).to(device)
     if world_size > 1:
-        for tensor in q_network.state_dict().values():  # the same start under either --grad-sync
+        for tensor in q_network.state_dict().values():  # the same start whichever --grad-sync is used
             dist.broadcast(tensor, src=0)
     optimizer = optim.RAdam(q_network.parameters(), lr=args.learning_rate, foreach=True)  # CUDA's default, on CPU too
     rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
     if ckpt:
         q_network.load_state_dict(ckpt["q_network"])
         optimizer.load_state_dict(ckpt["optimizer"])
-        rt.resume_rng(run, ckpt, args.seed)  # each rank's own streams
+        rt.resume_rng(run, ckpt, args.seed)
     model = DDP(q_network) if world_size > 1 and args.grad_sync == "ddp" else q_network
-    eval_envs = make_eval_envs(args, args.eval_episodes, rt.video_dir(run)) if run.is_main and args.eval_every else None
 
-    # A resumed run seeds its envs past the seeds earlier attempts used (ALE's env state is not checkpointed).
-    env_seed0 = args.seed + rank * n + (start_iteration - 1) * sizes["num_envs"]
-    frames, info = envs.reset(seed=np.arange(env_seed0, env_seed0 + n))
+    # ALE's envs cannot be saved: a resumed run seeds them past the seeds earlier attempts used
+    env_seed0 = args.seed + rank * n + (start_iteration - 1) * sizes.num_envs
+    frames, info = envs.reset(seed=env_seed0)
     prev_lives = info["lives"]
-    game_return, game_length = np.zeros(n), np.zeros(n, dtype=np.int64)  # the game in progress (all lives)
+    episodes = rt.Episodes(n)  # whole games (all lives)
 
-    # ALGO Logic: Storage setup: uint8 frames (the network scales them); host buffers page-locked on CUDA
+    # ALGO Logic: Storage setup. Frames stay uint8 (the network scales them). Rewards and dones cross to the
+    # device once per rollout (page-locked on CUDA), frames at every step, through a staging buffer of their own.
     obs_shape = envs.single_observation_space.shape
     obs = torch.zeros((args.num_steps, n) + obs_shape, dtype=torch.uint8, device=device)
     actions = torch.zeros((args.num_steps, n), dtype=torch.long, device=device)
     values = torch.zeros((args.num_steps, n), device=device)
-    host_rewards = torch.zeros((args.num_steps, n), pin_memory=run.pin)
-    host_dones = torch.zeros((args.num_steps + 1, n), pin_memory=run.pin)  # last row: next_done
-    staging = torch.zeros((n,) + obs_shape, dtype=torch.uint8, pin_memory=run.pin)  # on CPU, next_obs IS staging
-    staging.numpy()[:] = frames
-    next_obs = staging.to(device, non_blocking=run.pin)
-    num_iterations, preempted = sizes["num_iterations"], False
+    host_rewards = torch.zeros((args.num_steps, n), pin_memory=run.on_cuda)
+    host_dones = torch.zeros((args.num_steps + 1, n), pin_memory=run.on_cuda)  # last row: next_done
+    staging = torch.zeros(frames.shape, dtype=torch.uint8, pin_memory=run.on_cuda)
+    next_obs = rt.to_device(frames, device, staging)
+    num_iterations, preempted = sizes.num_iterations, False
     duration = args.exploration_fraction * args.total_timesteps
-    rt.open_run(run, sizes, ckpt)  # check the sizes, claim the run directory, TensorBoard (W&B)
+    rt.open_run(run, sizes, ckpt)
 
     for iteration in range(start_iteration, num_iterations + 1):
-        if args.anneal_lr:  # iterations are global: the same learning rate on every rank
+        rollout_start = time.perf_counter()
+        if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
-        episodes = np.zeros(3)  # whole games ended: sum of scores, sum of lengths, count
         host_dones[0] = host_dones[-1]
         for step in range(args.num_steps):
-            global_step += sizes["num_envs"]  # global: all ranks step at once
-            obs[step] = next_obs  # a copy: `staging` (next_obs on CPU) is reused below
+            global_step += sizes.num_envs  # global: all ranks step at once
+            obs[step] = next_obs  # a copy: `staging` is reused below
 
-            # ALGO LOGIC: epsilon from the GLOBAL step; draws from the rank's own stream
+            # ALGO LOGIC: epsilon from the GLOBAL step; the draws from the rank's own stream, on the device
             # (the unwrapped network: inference must not go through DDP)
             epsilon = linear_schedule(args.start_e, args.end_e, duration, global_step)
             random_actions = torch.randint(0, n_actions, (n,), device=device)
@@ -356,23 +310,19 @@ def main() -> None:
 
             # TRY NOT TO MODIFY: execute the game and log data.
             frames, reward, terminations, truncations, info = envs.step(action.cpu().numpy())
-            # A life loss ends the episode for learning (DeepMind's protocol, CleanRL's episodic_life);
-            # only a game over ends the logged episode, whose return is the game's score.
+            # a life loss ends the episode for learning (no bootstrapping through it, as in DeepMind's
+            # protocol); only a game over ends the logged episode, whose return is the game's score
             host_dones[step + 1] = torch.from_numpy(terminations | truncations)
-            host_rewards[step] = torch.from_numpy(np.sign(reward))  # DeepMind's reward clipping
-            game_return += reward
-            game_length += 1
-            over = game_over(terminations, truncations, info["lives"], prev_lives)
+            host_rewards[step] = torch.from_numpy(atari.clip_reward(reward))
+            episodes.step(reward, atari.game_over(terminations, truncations, info["lives"], prev_lives))
             prev_lives = info["lives"]
-            episodes += (game_return[over].sum(), game_length[over].sum(), over.sum())
-            game_return[over], game_length[over] = 0, 0
-            staging.numpy()[:] = frames  # action.cpu() waited for the last copy from it
-            next_obs = staging.to(device, non_blocking=run.pin)
+            next_obs = rt.to_device(frames, device, staging)
 
-        rewards = host_rewards.to(device, non_blocking=run.pin)
-        all_dones = host_dones.to(device, non_blocking=run.pin)
+        rewards = host_rewards.to(device, non_blocking=run.on_cuda)
+        all_dones = host_dones.to(device, non_blocking=run.on_cuda)
         dones, next_done = all_dones[:-1], all_dones[-1]
 
+        update_start = time.perf_counter()
         # ALGO LOGIC: Q(lambda) returns of this rank's own envs (the rank that stepped them)
         with torch.no_grad():
             next_value = q_network(next_obs).max(dim=1).values
@@ -383,46 +333,49 @@ def main() -> None:
         b_actions = actions.reshape(-1)
         b_returns = returns.reshape(-1)
 
-        # Optimizing the Q-network: the same number of minibatches (all-reduces) on every rank
+        # Optimizing the Q-network (the same minibatches, so the same all-reduces, on every rank)
         td_loss, q_values, num_updates = 0.0, 0.0, 0
         for _epoch in range(args.update_epochs):
-            b_inds = torch.randperm(sizes["local_batch_size"], device=device).view(args.num_minibatches, -1)
+            b_inds = torch.randperm(sizes.local_batch_size, device=device).view(-1, sizes.local_minibatch_size)
             for mb_inds in b_inds:
-                mb = (b_obs[mb_inds], b_actions[mb_inds], b_returns[mb_inds])
-                loss, q_mean = update_q_network(model, q_network, optimizer, *mb, args, world_size)
+                loss, q_mean = update_q_network(
+                    model,
+                    q_network,
+                    optimizer,
+                    obs=b_obs[mb_inds],
+                    actions=b_actions[mb_inds],
+                    returns=b_returns[mb_inds],
+                    args=args,
+                    world_size=world_size,
+                )
                 td_loss, q_values, num_updates = td_loss + loss, q_values + q_mean, num_updates + 1
+        update_seconds = time.perf_counter() - update_start
 
-        # Metrics of ALL ranks, by name in one all-reduce: losses averaged, whole games summed
+        # metrics of ALL ranks, by name in one all-reduce: losses averaged, whole games summed
         n_all = num_updates * world_size
-        losses = {"losses/td_loss": td_loss / n_all, "losses/q_values": q_values / n_all}
-        m = rt.all_sum(run, losses | dict(ep_return=episodes[0], ep_length=episodes[1], ep_count=episodes[2]))
-        scalars = {"charts/learning_rate": optimizer.param_groups[0]["lr"], "charts/epsilon": epsilon}
-        scalars |= {k: v for k, v in m.items() if k.startswith("losses/")}
-        rt.log(run, global_step, scalars, (m["ep_return"], m["ep_length"], m["ep_count"]))
+        m = rt.all_sum(run, {"losses/td_loss": td_loss / n_all, "losses/q_values": q_values / n_all} | episodes.take())
+        scalars = {
+            "charts/learning_rate": optimizer.param_groups[0]["lr"],
+            "charts/epsilon": epsilon,
+            **{k: v for k, v in m.items() if k.startswith("losses/")},
+            # rank 0's wall time, waits for other ranks included
+            "perf/rollout_seconds": update_start - rollout_start,
+            "perf/update_seconds": update_seconds,
+        }
+        rt.log(run, global_step, scalars, m)
         if args.sync_check_every and iteration % args.sync_check_every == 0:
             rt.check_replicas_in_sync(f"iteration {iteration}", world_size, q_network, optimizer)
-
-        # Evaluation on rank 0; the stop decision is broadcast, so all ranks stop together.
-        reached = False
-        if rt.steps_crossed(global_step - sizes["batch_size"], global_step, args.eval_every):
-            with rt.off_the_clock(run):
-                video = f"eval-step{global_step}" if args.capture_video else None
-                seed = args.seed + 10**9 + global_step  # seeds no training env uses
-                result = (
-                    evaluate(q_network, eval_envs, args, args.eval_greedy, seed, device, video) if run.is_main else None
-                )
-                reached = rt.log_evaluation(run, result, global_step)
+        reached = evals.evaluate(run, q_network, eval_action, make_env, global_step - sizes.batch_size, global_step)
 
         preempted = rt.preempted(run)  # a SIGTERM/SIGUSR1 on any rank stops every rank here
         last = iteration == num_iterations or preempted or reached
         if last or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
-            # no rank_state: ALE's C++ vector env cannot be pickled (a resumed run reseeds its envs, above)
             state = dict(q_network=q_network.state_dict(), agent_kwargs=agent_kwargs, optimizer=optimizer.state_dict())
-            rt.save_checkpoint(run, iteration, global_step, None, **state)
+            rt.save_checkpoint(run, iteration, global_step, None, **state)  # no rank_state: no env state
         if preempted or reached:
             break
 
-    rt.finish(run, global_step, preempted, envs, eval_envs)
+    rt.finish_or_exit_preempted(run, global_step, preempted, envs)
 
 
 if __name__ == "__main__":

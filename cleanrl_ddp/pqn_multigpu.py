@@ -11,6 +11,7 @@ its own `--local-num-envs` envs and computes their returns; gradients are averag
 """
 
 import os
+import time
 from dataclasses import dataclass
 from typing import Literal, Optional
 
@@ -24,7 +25,7 @@ import torch.optim as optim
 import tyro
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from cleanrl_ddp import env_state
+from cleanrl_ddp import env_state, evals
 from cleanrl_ddp import runtime as rt
 
 SCRIPT = os.path.basename(__file__)[: -len(".py")]
@@ -34,12 +35,8 @@ SCRIPT = os.path.basename(__file__)[: -len(".py")]
 class Args(rt.RunArgs):
     exp_name: str = SCRIPT
     """the name of this experiment (part of the run name)"""
-    seed: int = 1
-    """seed of the experiment; rank r's envs and sampling streams are derived from it"""
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    cuda: bool = True
-    """if toggled and CUDA is available, train on `cuda:{local_rank}`"""
 
     # Algorithm specific arguments
     env_id: str = "CartPole-v1"
@@ -107,29 +104,56 @@ class QNetwork(nn.Module):
         return self.network(x)
 
 
-# ALGO LOGIC: pure functions (imported by the tests)
-def derive_sizes(args: Args, world_size: int) -> dict:
-    """Global and per-rank sizes; raises RunError on bad input."""
-    for name in ("local_num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps"):
-        if getattr(args, name) < 1:
-            raise rt.RunError(f"--{name.replace('_', '-')} must be at least 1")
+def eval_action(q_network: QNetwork, obs, greedy: bool, generator, args: Args):
+    """Evaluation's actions (cleanrl_ddp/evals.py): epsilon-greedy with --end-e (0 if `greedy`), drawn from
+    `generator`."""
+    q_values = q_network(obs)
+    epsilon = 0.0 if greedy else args.end_e
+    explore = torch.rand(len(obs), generator=generator, device=obs.device) < epsilon
+    random = torch.randint(q_values.shape[1], (len(obs),), generator=generator, device=obs.device)
+    return torch.where(explore, random, q_values.argmax(dim=1))
+
+
+def load_agent(ckpt: dict, device) -> QNetwork:
+    q_network = QNetwork(**ckpt["agent_kwargs"]).to(device)
+    q_network.load_state_dict(ckpt["q_network"])
+    return q_network
+
+
+# ALGO LOGIC: sizes, epsilon, Q(lambda), the update and the gradient all-reduce (pure functions, imported by the tests)
+@dataclass(frozen=True)
+class Sizes(rt.Sizes):
+    local_batch_size: int
+    local_minibatch_size: int
+    minibatch_size: int
+
+
+def derive_sizes(args: Args, world_size: int) -> Sizes:
+    """Global and per-rank sizes from the flags and the world size; raises RunError on bad input."""
+    rt.require_at_least_1(args, "local_num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps")
     if not args.exploration_fraction > 0:
         raise rt.RunError(f"--exploration-fraction must be positive, got {args.exploration_fraction}")
     local_batch_size = args.local_num_envs * args.num_steps
     if local_batch_size % args.num_minibatches != 0:
-        raise rt.RunError(f"the local batch {local_batch_size} does not divide into --num-minibatches")
+        raise rt.RunError(
+            f"the local batch (--local-num-envs {args.local_num_envs} x --num-steps {args.num_steps} = "
+            f"{local_batch_size}) does not divide into --num-minibatches {args.num_minibatches}"
+        )
     batch_size = local_batch_size * world_size
     num_iterations = args.total_timesteps // batch_size
     if num_iterations < 1:
-        raise rt.RunError(f"--total-timesteps is smaller than one iteration's global batch {batch_size}")
-    return dict(
+        raise rt.RunError(
+            f"--total-timesteps {args.total_timesteps} is smaller than one iteration's global batch "
+            f"({world_size} ranks x {args.local_num_envs} envs x {args.num_steps} steps = {batch_size})"
+        )
+    return Sizes(
         world_size=world_size,
         num_envs=args.local_num_envs * world_size,
-        local_batch_size=local_batch_size,
         batch_size=batch_size,
+        num_iterations=num_iterations,
+        local_batch_size=local_batch_size,
         local_minibatch_size=local_batch_size // args.num_minibatches,
         minibatch_size=batch_size // args.num_minibatches,
-        num_iterations=num_iterations,
     )
 
 
@@ -185,54 +209,10 @@ def all_reduce_gradients_flat(params, world_size: int) -> None:
         offset += g.numel()
 
 
-# Evaluation on rank 0, in envs of its own (cleanrl_ddp/evaluate.py uses these three)
-def make_eval_envs(args: Args, num_envs: int, video_dir: Optional[str] = None) -> gym.vector.SyncVectorEnv:
-    """With `video_dir`, env 0 can record MP4s (`evaluate` starts it)."""
-    envs = [make_env(args.env_id, "rgb_array" if video_dir and i == 0 else None) for i in range(num_envs)]
-    if video_dir:
-        first = envs[0]
-        envs[0] = lambda: gym.wrappers.RecordVideo(first(), video_dir, lambda _: False, disable_logger=True)
-    return gym.vector.SyncVectorEnv(envs)
-
-
-def load_agent(ckpt: dict, device) -> QNetwork:
-    q_network = QNetwork(**ckpt["agent_kwargs"]).to(device)
-    q_network.load_state_dict(ckpt["q_network"])
-    return q_network
-
-
-def evaluate(q_network, eval_envs, args: Args, greedy: bool, seed: int, device, video_name: Optional[str] = None):
-    """One episode per env, epsilon-greedy (0 if `greedy`, else --end-e) from a stream of its own; returns
-    (returns, lengths, video); with `video_name`, env 0's episode is recorded."""
-    epsilon, episodes = 0.0 if greedy else args.end_e, eval_envs.num_envs
-    rng = np.random.default_rng(seed)
-    obs, _ = eval_envs.reset(seed=[seed + i for i in range(episodes)])
-    recorder = eval_envs.envs[0] if video_name is not None else None
-    if recorder is not None:
-        recorder.start_recording(video_name)
-        recorder.recorded_frames.append(recorder.render())  # the first frame
-    returns, lengths = np.zeros(episodes), np.zeros(episodes, dtype=np.int64)
-    running, video = np.ones(episodes, dtype=bool), None
-    while running.any():
-        with torch.no_grad():
-            q_values = q_network(torch.as_tensor(obs, dtype=torch.float32, device=device))
-        explore = rng.random(episodes) < epsilon
-        actions = np.where(explore, rng.integers(0, q_values.shape[1], episodes), q_values.argmax(1).cpu().numpy())
-        obs, reward, terminations, truncations, _ = eval_envs.step(actions)
-        returns += reward * running
-        lengths += running
-        running &= ~(terminations | truncations)  # later episodes are ignored
-        if recorder is not None and recorder.recording and not running[0]:
-            path = os.path.join(recorder.video_folder, f"{video_name}.mp4")
-            video = dict(path=path, frames=np.stack(recorder.recorded_frames), fps=recorder.frames_per_sec)
-            recorder.stop_recording()  # writes the MP4
-    return returns, lengths, video
-
-
 def main() -> None:
     args = tyro.cli(Args)
-    run = rt.start(args, SCRIPT, use_cuda=args.cuda and torch.cuda.is_available())
-    args, ckpt = rt.resume(run, args, required=("q_network", "optimizer", "agent_kwargs"))
+    run = rt.start(args, SCRIPT)
+    args, ckpt = rt.load_run(run, args, required=("q_network", "optimizer", "agent_kwargs"))
     rank, world_size, device = run.rank, run.world_size, run.device
     rt.check_env(args.env_id, make_env, gym.spaces.Discrete, hint="PQN needs discrete actions; try CartPole-v1")
     sizes = derive_sizes(args, world_size)
@@ -243,64 +223,62 @@ def main() -> None:
     # explores from its own stream. Env seeds are global env indices (disjoint across ranks).
     rt.seed_everything(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    n = args.local_num_envs
     envs = gym.vector.SyncVectorEnv(
-        [make_env(args.env_id) for _ in range(n)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+        [make_env(args.env_id) for _ in range(args.local_num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
     n_actions = int(envs.single_action_space.n)
     agent_kwargs = dict(obs_dim=int(np.prod(envs.single_observation_space.shape)), n_actions=n_actions)
     q_network = QNetwork(**agent_kwargs).to(device)
     if world_size > 1:
-        for tensor in q_network.state_dict().values():  # the same start under either --grad-sync
+        for tensor in q_network.state_dict().values():  # the same start whichever --grad-sync is used
             dist.broadcast(tensor, src=0)
     optimizer = optim.RAdam(q_network.parameters(), lr=args.learning_rate, foreach=True)  # CUDA's default, on CPU too
     rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
     if ckpt:
         q_network.load_state_dict(ckpt["q_network"])
         optimizer.load_state_dict(ckpt["optimizer"])
-        rt.resume_rng(run, ckpt, args.seed)  # each rank's own streams
+        rt.resume_rng(run, ckpt, args.seed)
     model = DDP(q_network) if world_size > 1 and args.grad_sync == "ddp" else q_network
-    eval_envs = make_eval_envs(args, args.eval_episodes, rt.video_dir(run)) if run.is_main and args.eval_every else None
 
-    env_seed0 = args.seed + rank * n
-    next_obs, _ = envs.reset(seed=[env_seed0 + i for i in range(n)])
-    episode_return, episode_length = np.zeros(n), np.zeros(n, dtype=np.int64)
-    next_done = np.zeros(n)
+    env_seed0 = args.seed + rank * args.local_num_envs
+    next_obs, _ = envs.reset(seed=env_seed0)
+    episodes = rt.Episodes(args.local_num_envs)
+    next_done = np.zeros(args.local_num_envs)
     if ckpt:  # every env continues exactly where it was, whichever rank steps it now
         share = env_state.split_for_rank(run, ckpt)
         if env_state.restore(run, envs.envs, share[0] if share else None):
-            next_obs, next_done, episode_return, episode_length = (x.numpy() for x in share[1:])
-        else:  # no state function for this env: new episodes, new seeds
-            seed0 = env_seed0 + (start_iteration - 1) * sizes["num_envs"]
-            next_obs, _ = envs.reset(seed=[seed0 + i for i in range(n)])
+            next_obs, next_done, episodes.returns, episodes.lengths = (x.numpy() for x in share[1:])
+        else:  # an env family with no state function: new episodes, from seeds no earlier attempt used
+            next_obs, _ = envs.reset(seed=env_seed0 + (start_iteration - 1) * sizes.num_envs)
 
-    # ALGO Logic: Storage setup (host buffers page-locked on CUDA: their copies do not wait)
-    obs_shape = envs.single_observation_space.shape
+    # ALGO Logic: Storage setup. Rewards and dones cross to the device once per rollout (page-locked on CUDA),
+    # observations at every step, through a staging buffer of their own.
+    n, obs_shape = args.local_num_envs, envs.single_observation_space.shape
     obs = torch.zeros((args.num_steps, n) + obs_shape, device=device)
     actions = torch.zeros((args.num_steps, n), dtype=torch.long, device=device)
     values = torch.zeros((args.num_steps, n), device=device)
-    host_rewards = torch.zeros((args.num_steps, n), pin_memory=run.pin)
-    host_dones = torch.zeros((args.num_steps + 1, n), pin_memory=run.pin)  # last row: next_done
+    host_rewards = torch.zeros((args.num_steps, n), pin_memory=run.on_cuda)
+    host_dones = torch.zeros((args.num_steps + 1, n), pin_memory=run.on_cuda)  # last row: next_done
     host_dones[-1] = torch.from_numpy(next_done)
-    staging = torch.zeros((n,) + obs_shape, pin_memory=run.pin)  # on CPU, next_obs IS staging
-    staging.numpy()[:] = next_obs
-    next_obs = staging.to(device, non_blocking=run.pin)
-    num_iterations, preempted = sizes["num_iterations"], False
+    staging = torch.zeros((n,) + obs_shape, pin_memory=run.on_cuda)
+    next_obs = rt.to_device(next_obs, device, staging)
+    num_iterations, preempted = sizes.num_iterations, False
     duration = args.exploration_fraction * args.total_timesteps
-    rt.open_run(run, sizes, ckpt)  # check the sizes, claim the run directory, TensorBoard (W&B)
+    rt.open_run(run, sizes, ckpt)
 
     for iteration in range(start_iteration, num_iterations + 1):
-        if args.anneal_lr:  # iterations are global: the same learning rate on every rank
+        rollout_start = time.perf_counter()
+        if args.anneal_lr:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
-        episodes = np.zeros(3)  # ended episodes: sum of returns, sum of lengths, count
         host_dones[0] = host_dones[-1]
         for step in range(args.num_steps):
-            global_step += sizes["num_envs"]  # global: all ranks step at once
-            obs[step] = next_obs  # a copy: `staging` (next_obs on CPU) is reused below
+            global_step += sizes.num_envs  # global: all ranks step at once
+            obs[step] = next_obs  # a copy: `staging` is reused below
 
-            # ALGO LOGIC: epsilon from the GLOBAL step; draws from the rank's own stream
+            # ALGO LOGIC: epsilon from the GLOBAL step; the draws from the rank's own stream, on the device
             # (the unwrapped network: inference must not go through DDP)
             epsilon = linear_schedule(args.start_e, args.end_e, duration, global_step)
             random_actions = torch.randint(0, n_actions, (n,), device=device)
@@ -310,21 +288,18 @@ def main() -> None:
             actions[step] = action = torch.where(explore, random_actions, max_actions)
 
             # TRY NOT TO MODIFY: execute the game and log data.
-            next_obs_np, reward, terminations, truncations, _ = envs.step(action.cpu().numpy())
-            next_done_np = np.logical_or(terminations, truncations)
-            episode_return += reward
-            episode_length += 1
-            episodes += (episode_return[next_done_np].sum(), episode_length[next_done_np].sum(), next_done_np.sum())
-            episode_return[next_done_np], episode_length[next_done_np] = 0, 0
+            next_obs, reward, terminations, truncations, _ = envs.step(action.cpu().numpy())
+            next_done = np.logical_or(terminations, truncations)
+            episodes.step(reward, next_done)
             host_rewards[step] = torch.from_numpy(reward)
-            host_dones[step + 1] = torch.from_numpy(next_done_np)
-            staging.numpy()[:] = next_obs_np  # action.cpu() waited for the last copy from it
-            next_obs = staging.to(device, non_blocking=run.pin)
+            host_dones[step + 1] = torch.from_numpy(next_done)
+            next_obs = rt.to_device(next_obs, device, staging)
 
-        rewards = host_rewards.to(device, non_blocking=run.pin)
-        all_dones = host_dones.to(device, non_blocking=run.pin)
+        rewards = host_rewards.to(device, non_blocking=run.on_cuda)
+        all_dones = host_dones.to(device, non_blocking=run.on_cuda)
         dones, next_done = all_dones[:-1], all_dones[-1]
 
+        update_start = time.perf_counter()
         # ALGO LOGIC: Q(lambda) returns of this rank's own envs (the rank that stepped them)
         with torch.no_grad():
             next_value = q_network(next_obs).max(dim=1).values
@@ -335,48 +310,53 @@ def main() -> None:
         b_actions = actions.reshape(-1)
         b_returns = returns.reshape(-1)
 
-        # Optimizing the Q-network: the same number of minibatches (all-reduces) on every rank
+        # Optimizing the Q-network (the same minibatches, so the same all-reduces, on every rank)
         td_loss, q_values, num_updates = 0.0, 0.0, 0
         for _epoch in range(args.update_epochs):
-            b_inds = torch.randperm(sizes["local_batch_size"], device=device).view(args.num_minibatches, -1)
+            b_inds = torch.randperm(sizes.local_batch_size, device=device).view(-1, sizes.local_minibatch_size)
             for mb_inds in b_inds:
-                mb = (b_obs[mb_inds], b_actions[mb_inds], b_returns[mb_inds])
-                loss, q_mean = update_q_network(model, q_network, optimizer, *mb, args, world_size)
+                loss, q_mean = update_q_network(
+                    model,
+                    q_network,
+                    optimizer,
+                    obs=b_obs[mb_inds],
+                    actions=b_actions[mb_inds],
+                    returns=b_returns[mb_inds],
+                    args=args,
+                    world_size=world_size,
+                )
                 td_loss, q_values, num_updates = td_loss + loss, q_values + q_mean, num_updates + 1
+        update_seconds = time.perf_counter() - update_start
 
-        # Metrics of ALL ranks, by name in one all-reduce: losses averaged, episodes summed
+        # metrics of ALL ranks, by name in one all-reduce: losses averaged, episodes summed
         n_all = num_updates * world_size
-        losses = {"losses/td_loss": td_loss / n_all, "losses/q_values": q_values / n_all}
-        m = rt.all_sum(run, losses | dict(ep_return=episodes[0], ep_length=episodes[1], ep_count=episodes[2]))
-        scalars = {"charts/learning_rate": optimizer.param_groups[0]["lr"], "charts/epsilon": epsilon}
-        scalars |= {k: v for k, v in m.items() if k.startswith("losses/")}
-        rt.log(run, global_step, scalars, (m["ep_return"], m["ep_length"], m["ep_count"]))
+        m = rt.all_sum(run, {"losses/td_loss": td_loss / n_all, "losses/q_values": q_values / n_all} | episodes.take())
+        scalars = {
+            "charts/learning_rate": optimizer.param_groups[0]["lr"],
+            "charts/epsilon": epsilon,
+            **{k: v for k, v in m.items() if k.startswith("losses/")},
+            # rank 0's wall time, waits for other ranks included
+            "perf/rollout_seconds": update_start - rollout_start,
+            "perf/update_seconds": update_seconds,
+        }
+        rt.log(run, global_step, scalars, m)
         if args.sync_check_every and iteration % args.sync_check_every == 0:
             rt.check_replicas_in_sync(f"iteration {iteration}", world_size, q_network, optimizer)
-
-        # Evaluation on rank 0; the stop decision is broadcast, so all ranks stop together.
-        reached = False
-        if rt.steps_crossed(global_step - sizes["batch_size"], global_step, args.eval_every):
-            with rt.off_the_clock(run):
-                video = f"eval-step{global_step}" if args.capture_video else None
-                seed = args.seed + 10**9 + global_step  # seeds no training env uses
-                result = (
-                    evaluate(q_network, eval_envs, args, args.eval_greedy, seed, device, video) if run.is_main else None
-                )
-                reached = rt.log_evaluation(run, result, global_step)
+        reached = evals.evaluate(run, q_network, eval_action, make_env, global_step - sizes.batch_size, global_step)
 
         preempted = rt.preempted(run)  # a SIGTERM/SIGUSR1 on any rank stops every rank here
         last = iteration == num_iterations or preempted or reached
         if last or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
-            env_states = [env_state.capture(env) for env in envs.envs]  # data, never pickled objects
-            episodes_so_far = torch.from_numpy(episode_return), torch.from_numpy(episode_length)
-            rank_state = (env_states, staging.clone(), host_dones[-1].clone(), *episodes_so_far)
+            # this rank's envs as data (tensors, numbers), never pickled objects
+            env_states = [env_state.capture(env) for env in envs.envs]
+            host_state = (host_dones[-1].clone(), *map(torch.from_numpy, (episodes.returns, episodes.lengths)))
+            rank_state = (env_states, staging.clone(), *host_state)
             state = dict(q_network=q_network.state_dict(), agent_kwargs=agent_kwargs, optimizer=optimizer.state_dict())
             rt.save_checkpoint(run, iteration, global_step, rank_state, **state)
         if preempted or reached:
             break
 
-    rt.finish(run, global_step, preempted, envs, eval_envs)
+    rt.finish_or_exit_preempted(run, global_step, preempted, envs)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
-"""Run plumbing shared by every cleanrl_ddp script, in the order a script calls it: start, resume, seeding,
-open the run, the loop's collectives and logging, checkpoints, finish, exit codes. docs/runtime.md describes it.
+"""Run plumbing shared by every cleanrl_ddp script, in the order a script calls it: start, load the run, seeding,
+sizes and episodes, open the run, the loop's collectives and logging, checkpoints, the end, exit codes.
+docs/runtime.md describes it.
 
 Plain functions and small dataclasses, called in one line where the thing happens; nothing here calls back
 into a script, and the algorithm and every data-parallel decision stay in the scripts. What no script calls
-lives beside it: launch.py (launcher, signals, device, threads), checkpoint.py, env_state.py. The evaluation
-interface every script offers (`make_eval_envs`, `load_agent`, `evaluate`) is described in docs/runtime.md.
+lives beside it: launch.py (launcher, signals, device, threads), checkpoint.py, lease.py, errors.py (exit codes,
+RunError); evals.py evaluates an agent and atari.py holds the ALE helpers.
 """
 
 import json
@@ -25,34 +26,29 @@ import torch
 import torch.distributed as dist
 import tyro
 
-from cleanrl_ddp import checkpoint, launch, lease
+from cleanrl_ddp import checkpoint, errors, launch, lease
+from cleanrl_ddp.errors import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_LOST_RANK, EXIT_PREEMPTED
 
-# ---------------------------------------------------------------------------------------------- exit codes
-EXIT_BAD_INPUT = 2
-"""exit code: invalid flags, environment, checkpoint or run directory, or a full disk (nothing was overwritten)"""
-EXIT_DIVERGED = 3
-"""exit code: `--sync-check-every` found replicas whose parameters or optimizer state differ"""
-EXIT_LOST_RANK = 4
-"""exit code: a collective failed: another rank died, stalled past `--dist-timeout`, or the network broke"""
-EXIT_PREEMPTED = 75
-"""exit code: stopped by SIGTERM/SIGUSR1 after saving a checkpoint; relaunch to resume (EX_TEMPFAIL)"""
-EXIT_INTERRUPTED = 130
-"""exit code: a second Ctrl-C stopped the run at once, without a checkpoint (128 + SIGINT)"""
-
-
-class RunError(ValueError):
-    """An error the user can fix; printed as one line by rank 0, then exit with `code`."""
-
-    def __init__(self, message: str, code: int = EXIT_BAD_INPUT):
-        super().__init__(message)
-        self.code = code
+# errors.py, which imports nothing of ours, defines it; named here, so that a script's `rt.X` resolves in this file
+RunError = errors.RunError  # an error the user can fix: one line from rank 0, then its exit code
 
 
 # ---------------------------------------------------------------------------------------------- flags and the process
 @dataclass
 class RunArgs:
-    """The flags of the run plumbing; every script's `Args` extends this with its algorithm's flags."""
+    """The flags of the run plumbing and of evaluation, and the script flags they read; every script's `Args`
+    extends this with its algorithm's flags (and its own `exp_name`, `env_id`, `total_timesteps`, `eval_greedy`)."""
 
+    exp_name: str = ""
+    """the name of this experiment (part of the run name)"""
+    seed: int = 1
+    """seed of the experiment; rank r's envs and random streams are derived from it"""
+    env_id: str = ""
+    """the id of the environment"""
+    total_timesteps: int = 0
+    """env steps of the whole run, summed over all ranks"""
+    cuda: bool = True
+    """if toggled and CUDA is available, train on `cuda:{local_rank}`"""
     track: bool = False
     """if toggled, log to Weights and Biases (one run per job, from rank 0)"""
     wandb_project_name: str = "cleanrl_ddp"
@@ -65,6 +61,8 @@ class RunArgs:
     """the run's directory name; default `{UTC start}__{env_id}__{exp_name}__{seed}__{launch id}`, kept by restarts"""
     eval_every: int = 0
     """run evaluation episodes on rank 0 every N global steps (0 = never)"""
+    eval_greedy: bool = True
+    """if toggled, evaluation acts greedily (each script says how); --no-eval-greedy samples"""
     eval_episodes: int = 10
     """episodes per evaluation, played in parallel in rank 0's separate evaluation envs"""
     target_return: Optional[float] = None
@@ -78,9 +76,9 @@ class RunArgs:
     share_gpus: bool = False
     """with NCCL, allow more ranks per node than visible GPUs (e.g. srun --gpus-per-task=1: each sees its own)"""
     sync_check_every: int = 0
-    """every N iterations (DQN: global steps) compare parameter and optimizer checksums across ranks (0 = off)"""
+    """every N iterations (DQN, SAC, TD3: global steps), compare the ranks' weights and optimizer state (0 = off)"""
     checkpoint_every: int = 25
-    """write checkpoint.pt every N iterations (DQN: global steps); 0 = only at the end and when stopped"""
+    """write checkpoint.pt every N iterations; 0 = only at the end and when stopped"""
     resume: Optional[str] = None
     """continue from a run directory or a checkpoint.pt file (its flags are the defaults; flags given here win)"""
 
@@ -124,44 +122,43 @@ class Progress:
 
 @dataclass
 class Run:
-    """Who this process is in the job, and where the run writes. Made by `start`, filled in by `resume` and
+    """Who this process is in the job, and where the run writes. Made by `start`, filled in by `load_run` and
     `open_run`."""
 
     script: str
     args: Any
     rank: int
-    local_rank: int
     world_size: int
-    local_world_size: int
     device: torch.device
     backend: Optional[str]
     signals: list = field(default_factory=list)  # preemption signals received, appended by the handler
     run_dir: str = ""
     new_dir: bool = False  # `claim_run_dir` creates the run directory, exclusively (a new run, not a restart)
-    sizes: dict = field(default_factory=dict)
+    sizes: dict = field(default_factory=dict)  # the script's `Sizes`, as data
     writer: Any = None
     wandb_run_id: Optional[str] = None
     progress: Progress = field(default_factory=Progress)
-    launch: str = ""  # this launch's id (`launch.launch_id`), set by `resume` on rank 0: the lease names it
+    launch_id: str = ""  # this launch's id (`launch.launch_id`), set by `load_run` on rank 0: the lease names it
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0  # the GLOBAL rank: one writer per job, across nodes
 
     @property
-    def pin(self) -> bool:
-        """Page-locked host buffers and `non_blocking` copies: a value that differs by device, not a branch."""
+    def on_cuda(self) -> bool:
+        """On CUDA: host buffers page-locked (`pin_memory=`), their copies `non_blocking=`; a value, not a branch."""
         return self.device.type == "cuda"
 
 
 # ---------------------------------------------------------------------------------------------- start
-def start(args: RunArgs, script: str, use_cuda: bool) -> Run:
+def start(args: RunArgs, script: str) -> Run:
     """Read the launcher, catch preemption signals, check the run flags, pick the device, join the process group."""
     rank, local_rank, world_size, local_world_size = launch.read_launch_env()
-    run = Run(script, args, rank, local_rank, world_size, local_world_size, torch.device("cpu"), None)
+    run = Run(script, args, rank, world_size, torch.device("cpu"), None)
     launch.catch_signals(run)  # preemption: all ranks vote and stop together (`preempted`)
     check_run_flags(args)
     launch.check_elastic_restarts(args.run_name)
+    use_cuda = args.cuda and torch.cuda.is_available()
     run.device, run.backend = launch.choose_device(
         use_cuda, args.backend, local_rank, local_world_size, args.share_gpus
     )
@@ -208,8 +205,9 @@ NOT_FROM_CHECKPOINT = ("track", "wandb_project_name", "wandb_entity", "resume")
 """flags always taken from this command line, never from a checkpoint (a file someone else may have written)"""
 
 
-def resume(run: Run, args: RunArgs, required: tuple = ()) -> tuple[Any, Optional[dict]]:
-    """Find the run directory and the checkpoint to continue from; returns (args, checkpoint or None).
+def load_run(run: Run, args: RunArgs, required: tuple = ()) -> tuple[Any, Optional[dict]]:
+    """Name the run directory, take its lease, load the checkpoint to continue from and merge its flags with this
+    command line's; returns (args, checkpoint or None). Every launch calls it: a new run loads nothing.
 
     Rank 0 decides and every rank learns the outcome (or the same RunError). A checkpoint is taken
     from `--resume`, or from the run directory itself when it holds one written with the same flags as
@@ -219,7 +217,7 @@ def resume(run: Run, args: RunArgs, required: tuple = ()) -> tuple[Any, Optional
     outcome = None
     if run.is_main:
         try:
-            run.launch = launch.launch_id()
+            run.launch_id = launch.launch_id()
             run_dir, new_dir, ckpt = name_run_dir(args), False, None
             if args.resume:  # continue writing into the directory of the checkpoint
                 ckpt = checkpoint.load_checkpoint(args.resume, run.script, required)
@@ -230,8 +228,8 @@ def resume(run: Run, args: RunArgs, required: tuple = ()) -> tuple[Any, Optional
                 new_dir = True
             if ckpt is not None:
                 args = take_saved_flags(run, args, ckpt, args.resume or run_dir)
-            if os.path.isdir(run_dir) and (held := lease.take(run_dir, run.launch)):  # before any file is touched
-                raise RunError(held)
+            if os.path.isdir(run_dir) and (refusal := lease.take_or_refuse(run_dir, run.launch_id)):  # first
+                raise RunError(refusal)
             outcome = (run_dir, args, ckpt, new_dir)
         except RunError as e:
             outcome = e
@@ -367,22 +365,77 @@ def resume_rng(run: Run, ckpt: dict, seed: int) -> None:
         seed_everything(int(np.random.SeedSequence([seed, run.rank, ckpt["iteration"]]).generate_state(1)[0]))
 
 
+# ---------------------------------------------------------------------------------------------- sizes and episodes
+def require_at_least_1(args: RunArgs, *names: str) -> None:
+    """Raise RunError naming the first flag of `names` below 1."""
+    for name in names:
+        if getattr(args, name) < 1:
+            raise RunError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The sizes a script derives (`derive_sizes`) that this module reads; each script extends it with its own."""
+
+    world_size: int
+    num_envs: int
+    batch_size: int
+    num_iterations: int
+
+
+class Episodes:
+    """Each env's running episode return and length (as gymnasium's RecordEpisodeStatistics keeps them), and the
+    sums of the episodes that ended since the last `take`, by name: the metrics `all_sum` reduces and `log` logs."""
+
+    def __init__(self, num_envs: int):
+        self.returns, self.lengths = np.zeros(num_envs), np.zeros(num_envs, dtype=np.int64)
+        self.sums = dict(episode_return_sum=0.0, episode_length_sum=0, episodes=0)
+
+    def step(self, rewards, ended, stepped=1, envs=slice(None)) -> None:
+        """One step of `envs` (all, or a slice): add `rewards` and `stepped` (0 where an env only reset), close
+        the episodes that `ended`."""
+        returns, lengths = self.returns[envs], self.lengths[envs]
+        returns += rewards
+        lengths += stepped
+        self.sums["episode_return_sum"] += returns[ended].sum()
+        self.sums["episode_length_sum"] += lengths[ended].sum()
+        self.sums["episodes"] += ended.sum()
+        returns[ended], lengths[ended] = 0, 0
+
+    def take(self) -> dict:
+        """The sums of the episodes ended since the last call, by name."""
+        sums, self.sums = self.sums, dict.fromkeys(self.sums, 0)
+        return sums
+
+
+def to_device(array: np.ndarray, device: torch.device, staging: Optional[torch.Tensor] = None, dtype=None):
+    """`array` on `device` (as `dtype`), from page-locked host memory on CUDA: the host never waits. Through
+    `staging` (a host buffer of its shape, `pin_memory=` on CUDA): on CPU the result IS `staging` till the next
+    call, on CUDA the copy may still run, so the caller waits for the device (`action.cpu()`) before that call.
+    Else through a new buffer per call, which torch's caching host allocator keeps until its copy has run."""
+    if staging is None:
+        dtype = dtype or torch.from_numpy(array).dtype
+        staging = torch.empty(array.shape, dtype=dtype, pin_memory=device.type == "cuda")
+    staging.numpy()[...] = array
+    return staging.to(device, non_blocking=device.type == "cuda")
+
+
 # ---------------------------------------------------------------------------------------------- open the run
-def open_run(run: Run, sizes: dict, ckpt: Optional[dict]) -> None:
+def open_run(run: Run, sizes: Sizes, ckpt: Optional[dict]) -> None:
     """Check the sizes against the checkpoint, claim the run directory, start the SPS clock, open the logs."""
-    run.sizes = sizes
-    check_resumable(run, sizes, ckpt)
+    run.sizes = asdict(sizes)
+    check_resumable(run, run.sizes, ckpt)
     claim_run_dir(run)
     run.progress.sps_window.append((time.time(), ckpt["global_step"] if ckpt else 0))
     if run.is_main:
-        open_logs(run, sizes, ckpt)
+        open_logs(run, run.sizes, ckpt)
 
 
 def check_resumable(run: Run, sizes: dict, ckpt: Optional[dict]) -> None:
     """Refuse a resume that changes the global batch, or of a run that has finished its --total-timesteps."""
     if not ckpt:
         return
-    # A resumed run keeps its global batch: its schedules depend on it (`resume` already kept the env count;
+    # A resumed run keeps its global batch: its schedules depend on it (`load_run` already kept the env count;
     # another --num-steps would still change the batch).
     if ckpt["sizes"].get("batch_size") != sizes.get("batch_size"):
         saved = ckpt["sizes"].get("batch_size")
@@ -406,7 +459,7 @@ def claim_run_dir(run: Run) -> None:
         try:
             if run.new_dir:  # claimed exclusively: never into a directory another run created
                 os.makedirs(run.run_dir, exist_ok=True)  # (rank 0's evaluation recorder may have made it)
-                error = lease.take(run.run_dir, run.launch)  # None, or the live run that holds it
+                error = lease.take_or_refuse(run.run_dir, run.launch_id)  # None, or the live run that holds it
                 if error is None:
                     with open(os.path.join(run.run_dir, FLAGS_FILE), "x") as f:
                         json.dump(dict(script=run.script, args=asdict(run.args)), f, indent=1)
@@ -530,17 +583,15 @@ def steps_crossed(prev_step: int, global_step: int, every: int) -> int:
     return global_step // every - prev_step // every if every > 0 else 0
 
 
-def log(run: Run, global_step: int, scalars: dict, episodes: tuple) -> None:
-    """Rank 0: write `scalars`, the episode means and SPS, and show progress (no collective).
-
-    `episodes` is (sum of returns, sum of lengths, count) of the episodes that ended, over all ranks.
-    """
+def log(run: Run, global_step: int, scalars: dict, episodes: dict) -> None:
+    """Rank 0: write `scalars`, the episode means and SPS, and show progress (no collective). `episodes` holds,
+    by name, the sums of `Episodes.take` over all ranks (`all_sum`'s output may be passed whole)."""
     run.progress.sps_window.append((time.time() - run.progress.paused_seconds, global_step))
     (t0, s0), (t1, s1) = run.progress.sps_window[0], run.progress.sps_window[-1]
     sps = int((s1 - s0) / max(t1 - t0, 1e-9))
     if not run.is_main:
         return
-    return_sum, length_sum, count = episodes
+    return_sum, length_sum, count = (episodes[k] for k in ("episode_return_sum", "episode_length_sum", "episodes"))
     scalars = {**scalars, "charts/episodes": count, "charts/SPS": sps}
     if count:
         scalars.update({"charts/episodic_return": return_sum / count, "charts/episodic_length": length_sum / count})
@@ -566,59 +617,6 @@ def off_the_clock(run: Run):
         yield
     finally:
         run.progress.paused_seconds += time.time() - started
-
-
-def log_evaluation(run: Run, result: Optional[tuple], global_step: int) -> bool:
-    """Log rank 0's evaluation `result` (returns, lengths, video) and tell every rank whether to stop.
-
-    The stop decision is broadcast, so all ranks leave the loop after the same iteration.
-    """
-    stop = False
-    if run.is_main:
-        returns, lengths, video = result
-        run.writer.add_scalar("eval/episodic_return", returns.mean(), global_step)
-        run.writer.add_scalar("eval/episodic_length", lengths.mean(), global_step)
-        if video is not None:
-            log_video(run.writer, video, global_step, run.args.track)
-        target = run.args.target_return
-        stop = target is not None and returns.mean() >= target
-        if stop:
-            print(
-                f"\n{run.script}: evaluation return {returns.mean():.1f} reached --target-return {target} "
-                f"at global step {global_step}; checkpoint saved in {run.run_dir}",
-                flush=True,
-            )
-    return bool(broadcast_from_main(run, stop))
-
-
-def video_dir(run: Run) -> Optional[str]:
-    """Where rank 0's evaluation videos go, or None without --capture-video."""
-    return os.path.join(run.run_dir, "videos") if run.args.capture_video else None
-
-
-def write_video(frames: list, video_dir: str, name: str, fps: int) -> dict:
-    """Write frames ([H, W] grayscale or [H, W, 3]) to {video_dir}/{name}.mp4; returns what `log_video` takes."""
-    from moviepy.video.io.ImageSequenceClip import ImageSequenceClip
-
-    rgb = np.stack(frames)
-    rgb = np.repeat(rgb[..., None], 3, axis=-1) if rgb.ndim == 3 else rgb  # grayscale -> [T, H, W, 3]
-    os.makedirs(video_dir, exist_ok=True)
-    path = os.path.join(video_dir, f"{name}.mp4")
-    ImageSequenceClip(list(rgb), fps=fps).write_videofile(path, logger=None)
-    return dict(path=path, frames=rgb, fps=fps)
-
-
-def log_video(writer, video: dict, global_step: int, track: bool) -> None:
-    """Attach an evaluation video (from a script's `evaluate`) to TensorBoard and, with --track, to W&B."""
-    frames = video["frames"][:: max(1, len(video["frames"]) // 200)]  # TensorBoard stores a GIF: keep it small
-    stride = -(-max(frames.shape[1:3]) // 320)  # at most 320 pixels a side: 85 CartPole frames took 4.3 s, now 0.6
-    frames = frames[:, ::stride, ::stride]
-    fps = video["fps"] * len(frames) / len(video["frames"])
-    writer.add_video("eval/video", frames.transpose(0, 3, 1, 2)[None], global_step, fps=max(1, round(fps)))
-    if track:
-        import wandb
-
-        wandb.log({"eval/video": wandb.Video(video["path"], format="mp4")})
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints
@@ -653,12 +651,11 @@ def save_checkpoint(run: Run, iteration: int, global_step: int, rank_state=None,
         raise RunError(error)
 
 
-# ---------------------------------------------------------------------------------------------- finish and exit
-def finish(run: Run, global_step: int, preempted: bool, *envs) -> None:
-    """Close `envs` (None: skipped) and the logs; after a preemption, say where to resume and exit 75."""
+# ---------------------------------------------------------------------------------------------- the end and exit
+def finish_or_exit_preempted(run: Run, global_step: int, preempted: bool, *envs) -> None:
+    """After the loop: close `envs` and the logs; after a preemption, say where to resume and exit 75."""
     for env in envs:
-        if env is not None:
-            env.close()
+        env.close()
     if run.is_main:
         print("" if sys.stdout.isatty() else run.progress.last_line, flush=True)  # end the live line, or show the last
         close_logs(EXIT_PREEMPTED if preempted else 0)
@@ -678,7 +675,7 @@ _open_runs: list = []  # rank 0's runs whose TensorBoard writer (and W&B run) `o
 
 def close_logs(exit_code: int) -> None:
     """Flush and close rank 0's TensorBoard writer and finish its W&B run with `exit_code`; every way out of a
-    run comes here (`finish`, and `exit_codes` after an error), so the last scalars are never lost."""
+    run comes here (`finish_or_exit_preempted`, and `exit_codes` after an error), so the last scalars are never lost."""
     while _open_runs:
         run = _open_runs.pop()
         try:

@@ -5,9 +5,8 @@ Docs: docs/td3_continuous_action_multigpu.md. Needs MuJoCo: `pip install -e ".[m
 cleanrl_ddp/td3_continuous_action_multigpu.py` (2 processes), or on several nodes or under SLURM as in
 cleanrl_ddp/ppo_multigpu.py. Every rank steps its own `--local-num-envs` envs into its own replay buffer and
 samples `--local-batch-size` transitions per update; the gradients of the critics and the actor are averaged
-across ranks (DDP, or one flattened all-reduce with `--grad-sync flat`), so every rank holds the same networks
-and targets. Learning starts, updates, logging, evaluation and checkpoints follow the GLOBAL step. Run plumbing
-lives in cleanrl_ddp/runtime.py.
+across ranks (DDP, or one flat all-reduce with `--grad-sync flat`). Learning starts, updates, logging,
+evaluation and checkpoints follow the GLOBAL step.
 """
 
 import os
@@ -25,6 +24,7 @@ import torch.optim as optim
 import tyro
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from cleanrl_ddp import evals
 from cleanrl_ddp import runtime as rt
 
 SCRIPT = os.path.basename(__file__)[: -len(".py")]
@@ -34,12 +34,8 @@ SCRIPT = os.path.basename(__file__)[: -len(".py")]
 class Args(rt.RunArgs):
     exp_name: str = SCRIPT
     """the name of this experiment (part of the run name)"""
-    seed: int = 1
-    """seed of the experiment; rank r's envs and noise streams are derived from it"""
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    cuda: bool = True
-    """if toggled and CUDA is available, train on `cuda:{local_rank}`"""
     checkpoint_every: int = 100000
     """write checkpoint.pt every N global steps (0 = only at the end, at a stop and on preemption)"""
 
@@ -82,32 +78,6 @@ class Args(rt.RunArgs):
     """if toggled, `torch.compile` the two losses and their backward (CUDA: with CUDA graphs, mode reduce-overhead)"""
 
 
-def derive_sizes(args: Args, world_size: int) -> dict:
-    """Global and per-rank sizes from the flags and the world size; raises RunError (a ValueError) on bad input."""
-    names = ("local_num_envs", "local_batch_size", "total_timesteps", "buffer_size", "updates_per_iteration")
-    for name in (*names, "policy_frequency", "log_every"):
-        if getattr(args, name) < 1:
-            raise rt.RunError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    num_envs = args.local_num_envs * world_size
-    if args.buffer_size // world_size < 2 * args.local_num_envs:
-        raise rt.RunError(
-            f"--buffer-size {args.buffer_size} leaves {args.buffer_size // world_size} transitions to each of "
-            f"{world_size} ranks; each needs two steps of its --local-num-envs {args.local_num_envs} envs"
-        )
-    num_iterations = args.total_timesteps // num_envs
-    if num_iterations < 1:
-        raise rt.RunError(f"--total-timesteps {args.total_timesteps} is smaller than one step of all {num_envs} envs")
-    return dict(
-        world_size=world_size,
-        num_envs=num_envs,
-        batch_size=args.local_batch_size * world_size,
-        local_buffer_size=args.buffer_size // world_size,  # rounded down: all ranks hold at most --buffer-size
-        num_iterations=num_iterations,
-        updates_per_env_step=args.updates_per_iteration / num_envs,
-        replay_ratio=args.updates_per_iteration * args.local_batch_size * world_size / num_envs,
-    )
-
-
 def make_env(env_id: str, render_mode: Optional[str] = None):
     def thunk():
         return gym.make(env_id, render_mode=render_mode)
@@ -131,7 +101,7 @@ class QNetwork(nn.Module):
 
 
 class TwinQ(nn.Module):
-    """CleanRL's qf1 and qf2 in one module: one optimizer (as CleanRL's), one DDP wrapper, one gradient all-reduce."""
+    """CleanRL's qf1 and qf2 in one module: one optimizer (as CleanRL's), one DDP wrapper, one all-reduce."""
 
     def __init__(self, obs_dim: int, action_dim: int):
         super().__init__()
@@ -148,7 +118,8 @@ class Actor(nn.Module):
         self.fc2 = nn.Linear(256, 256)
         self.fc_mu = nn.Linear(256, action_dim)
         # action rescaling
-        low, high = torch.tensor(action_low, dtype=torch.float32), torch.tensor(action_high, dtype=torch.float32)
+        low = torch.tensor(action_low, dtype=torch.float32)
+        high = torch.tensor(action_high, dtype=torch.float32)
         self.register_buffer("action_scale", (high - low) / 2.0)
         self.register_buffer("action_bias", (high + low) / 2.0)
 
@@ -159,194 +130,70 @@ class Actor(nn.Module):
         return x * self.action_scale + self.action_bias
 
 
-def main() -> None:
-    args = tyro.cli(Args)
-    run = rt.start(args, SCRIPT, use_cuda=args.cuda and torch.cuda.is_available())
-    td3_state = ("actor", "target_actor", "qf", "qf_target", "actor_optimizer", "q_optimizer")
-    args, ckpt = rt.resume(run, args, required=(*td3_state, "agent_kwargs", "num_updates", "num_actor_updates"))
-    rank, world_size, device = run.rank, run.world_size, run.device
-    rt.check_env(args.env_id, make_env, gym.spaces.Box, hint="try Hopper-v5, HalfCheetah-v5 or Pendulum-v1")
-    sizes = derive_sizes(args, world_size)
-    start_iteration = ckpt["iteration"] + 1 if ckpt else 1
-    global_step = ckpt["global_step"] if ckpt else 0
-    # The replay buffers are not checkpointed (see the docs): after a resume every rank refills its buffer
-    # for `learning_starts` global steps, acting with the resumed actor, before updates continue.
-    train_start = args.learning_starts + global_step
-    if ckpt and run.is_main:
-        print(f"  updates restart at global step {train_start} (buffer refill)", flush=True)
+def eval_action(actor: Actor, obs, greedy: bool, generator, args: Args):
+    """Evaluation's actions (cleanrl_ddp/evals.py): the actor's, plus the exploration noise (as CleanRL's
+    td3_eval) drawn from `generator` unless `greedy`."""
+    action = actor(obs.float())
+    if not greedy:
+        noise = torch.randn(action.shape, generator=generator, device=action.device)
+        action += noise * actor.action_scale * args.exploration_noise
+    return action
 
-    # CRUCIAL: every rank starts from the same weights, but steps its own envs with its own seeds and
-    # draws its exploration noise and minibatches from its own stream. Env seeds are global env indices.
-    rt.seed_everything(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    local_num_envs = args.local_num_envs
-    envs = gym.vector.SyncVectorEnv(
-        [make_env(args.env_id) for _ in range(local_num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+
+def load_agent(ckpt: dict, device) -> Actor:
+    actor = Actor(**ckpt["agent_kwargs"]).to(device)
+    actor.load_state_dict(ckpt["actor"])
+    return actor
+
+
+# ALGO LOGIC: sizes, the replay buffer, the losses, the updates and the gradient all-reduce
+@dataclass(frozen=True)
+class Sizes(rt.Sizes):
+    local_buffer_size: int
+    updates_per_env_step: float
+    replay_ratio: float
+
+
+def derive_sizes(args: Args, world_size: int) -> Sizes:
+    """Global and per-rank sizes from the flags and the world size; raises RunError on bad input."""
+    names = ("local_num_envs", "local_batch_size", "total_timesteps", "buffer_size", "updates_per_iteration")
+    rt.require_at_least_1(args, *names, "policy_frequency", "log_every")
+    num_envs = args.local_num_envs * world_size
+    if args.buffer_size // world_size < 2 * args.local_num_envs:
+        raise rt.RunError(
+            f"--buffer-size {args.buffer_size} leaves {args.buffer_size // world_size} transitions to each of "
+            f"{world_size} ranks; each needs two steps of its --local-num-envs {args.local_num_envs} envs"
+        )
+    num_iterations = args.total_timesteps // num_envs
+    if num_iterations < 1:
+        raise rt.RunError(f"--total-timesteps {args.total_timesteps} is smaller than one step of all {num_envs} envs")
+    return Sizes(
+        world_size=world_size,
+        num_envs=num_envs,
+        batch_size=args.local_batch_size * world_size,
+        num_iterations=num_iterations,
+        local_buffer_size=args.buffer_size // world_size,  # rounded down: all ranks hold at most --buffer-size
+        updates_per_env_step=args.updates_per_iteration / num_envs,
+        replay_ratio=args.updates_per_iteration * args.local_batch_size * world_size / num_envs,
     )
-    obs_dim = int(np.prod(envs.single_observation_space.shape))
-    action_dim = int(np.prod(envs.single_action_space.shape))
-    action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
-    agent_kwargs = dict(obs_dim=obs_dim, action_dim=action_dim, action_low=action_low.tolist())
-    agent_kwargs["action_high"] = action_high.tolist()  # plain lists: checkpoints hold data only
-    actor, qf = Actor(**agent_kwargs).to(device), TwinQ(obs_dim, action_dim).to(device)
-    if world_size > 1:  # identical start whichever --grad-sync is used
-        for tensor in [*actor.state_dict().values(), *qf.state_dict().values()]:
-            dist.broadcast(tensor, src=0)
-    target_actor, qf_target = Actor(**agent_kwargs).to(device), TwinQ(obs_dim, action_dim).to(device)
-    target_actor.load_state_dict(actor.state_dict())  # copies of the synchronised networks
-    qf_target.load_state_dict(qf.state_dict())
-    # fused: one kernel per step for all parameters; its `step` counter stays on their device, a resumed one too
-    q_optimizer = optim.Adam(qf.parameters(), lr=args.learning_rate, fused=True)
-    actor_optimizer = optim.Adam(actor.parameters(), lr=args.learning_rate, fused=True)
-    rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
-    # every learned quantity, by its checkpoint key: all of them must stay identical on every rank
-    learned = dict(actor=actor, target_actor=target_actor, qf=qf, qf_target=qf_target)
-    learned |= dict(actor_optimizer=actor_optimizer, q_optimizer=q_optimizer)
-    num_updates = ckpt["num_updates"] if ckpt else 0
-    num_actor_updates = ckpt["num_actor_updates"] if ckpt else 0
-    if ckpt:
-        for key, obj in learned.items():
-            obj.load_state_dict(ckpt[key])
-        rt.resume_rng(run, ckpt, args.seed)  # each rank's own streams; at another world size, new ones
-    # gradients allocated once: backward accumulates into these same tensors, never into CUDA-graph memory (--compile)
-    for p in [*qf.parameters(), *actor.parameters()]:
-        p.grad = torch.zeros_like(p)
-    ddp = world_size > 1 and args.grad_sync == "ddp"
-    # the actor's buffers (action scale and bias) are constants, equal on every rank: no broadcast at every forward
-    actor_model = DDP(actor, broadcast_buffers=False) if ddp else actor
-    qf_model = DDP(qf) if ddp else qf
-    # --compile: the losses and, through AOTAutograd, their backward; the updates around them stay eager
-    compile_mode = "reduce-overhead" if device.type == "cuda" else None
-    critic_loss_fn, policy_loss_fn = (
-        torch.compile(f, mode=compile_mode) if args.compile else f for f in (critic_loss, policy_loss)
-    )
-    eval_envs = make_eval_envs(args, args.eval_episodes, rt.video_dir(run)) if run.is_main and args.eval_every else None
-
-    # Envs are not checkpointed: a resumed run seeds its envs past the seeds earlier attempts used.
-    env_seed0 = args.seed + rank * local_num_envs + (start_iteration - 1) * sizes["num_envs"]
-    obs, _ = envs.reset(seed=[env_seed0 + i for i in range(local_num_envs)])
-    # the replay buffer lives on the training device and is sampled there, from this rank's own generator (a
-    # resumed run refills its buffer, so it draws from a new stream too, like its envs)
-    sample_seed = int(np.random.SeedSequence([args.seed, rank, start_iteration]).generate_state(1)[0])
-    rb = ReplayBuffer(sizes["local_buffer_size"], obs_dim, action_dim, device, sample_seed, run.pin)
-    episode_return, episode_length = np.zeros(local_num_envs), np.zeros(local_num_envs, dtype=np.int64)
-    # this rank's sums since the last logged step, by name: finished episodes, and the updates' losses
-    losses = ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss", "actor_loss")
-    sums = dict.fromkeys(("ep_return", "ep_length", "ep_count", "updates", "actor_updates", *losses), 0.0)
-    update_seconds = 0.0  # rank 0's time in updates (on a GPU: in queueing them), per log interval
-    num_iterations, preempted = sizes["num_iterations"], False
-    rt.open_run(run, sizes, ckpt)  # check the sizes, claim the run directory, TensorBoard (W&B); SPS clock starts
-
-    for iteration in range(start_iteration, num_iterations + 1):
-        prev_step = global_step
-        global_step += sizes["num_envs"]  # global: all ranks step at once
-
-        # ALGO LOGIC: put action logic here (random until the GLOBAL step reaches learning_starts)
-        if prev_step < args.learning_starts:
-            actions = np.random.uniform(action_low, action_high, (local_num_envs, action_dim)).astype(np.float32)
-        else:
-            with torch.no_grad():  # the unwrapped actor: acting must not go through DDP; noise from this rank's stream
-                actions = actor(to_device(obs, device, run.pin))
-                actions += torch.randn(actions.shape, device=device) * actor.action_scale * args.exploration_noise
-            actions = actions.cpu().numpy().clip(action_low, action_high)  # the one wait for the device per env step
-
-        # TRY NOT TO MODIFY: execute the game and log data.
-        next_obs, rewards, terminations, truncations, infos = envs.step(actions)
-        done = terminations | truncations
-        episode_return += rewards
-        episode_length += 1
-        sums["ep_return"] += episode_return[done].sum()
-        sums["ep_length"] += episode_length[done].sum()
-        sums["ep_count"] += done.sum()
-        episode_return[done], episode_length[done] = 0, 0
-
-        # TRY NOT TO MODIFY: save data to the replay buffer; an ended episode's next_obs is its final observation
-        real_next_obs = next_obs.copy()
-        if done.any():  # SAME_STEP autoreset: next_obs is already the reset observation
-            real_next_obs[done] = np.stack(infos["final_obs"][done])
-        rb.add(obs, real_next_obs, actions, rewards, terminations)
-        obs = next_obs
-
-        # ALGO LOGIC: training. The actor's delay and the target updates count critic updates, a function of
-        # the GLOBAL step only: every rank runs the same updates and the same all-reduces.
-        if global_step > train_start:
-            update_start = time.perf_counter()
-            for _ in range(args.updates_per_iteration):
-                data = rb.sample(args.local_batch_size)
-                critic_stats = update_critics(
-                    data, qf_model, qf, qf_target, target_actor, q_optimizer, args, world_size, critic_loss_fn
-                )
-                num_updates += 1
-                sums["updates"] += 1
-                for k, v in zip(losses[:4], critic_stats, strict=True):  # device tensors until the logged step
-                    sums[k] += v.double()
-
-                if num_updates % args.policy_frequency == 0:  # TD3's delayed update, then the target networks
-                    actor_loss = update_actor(
-                        data["obs"], actor_model, actor, qf, target_actor, qf_target, actor_optimizer, args,
-                        world_size, policy_loss_fn,
-                    )  # fmt: skip
-                    num_actor_updates += 1
-                    sums["actor_updates"] += 1
-                    sums["actor_loss"] += actor_loss.double()
-            update_seconds += time.perf_counter() - update_start
-
-        # Metrics of ALL ranks every --log-every global steps, by name in one all-reduce (sums; rank 0 logs).
-        last = iteration == num_iterations
-        logging = bool(rt.steps_crossed(prev_step, global_step, args.log_every)) or last
-        if logging:
-            m, sums = rt.all_sum(run, sums), dict.fromkeys(sums, 0.0)
-            scalars = {"charts/updates": num_updates, "charts/actor_updates": num_actor_updates}
-            scalars["perf/update_seconds"] = update_seconds
-            if m["updates"]:  # no losses in an interval without updates
-                scalars |= {f"losses/{k}": m[k] / m["updates"] for k in losses[:4]}
-                scalars["losses/qf_loss"] = (m["qf1_loss"] + m["qf2_loss"]) / m["updates"] / 2.0
-            if m["actor_updates"]:
-                scalars["losses/actor_loss"] = m["actor_loss"] / m["actor_updates"]
-            rt.log(run, global_step, scalars, (m["ep_return"], m["ep_length"], m["ep_count"]))
-            update_seconds = 0.0
-        if rt.steps_crossed(prev_step, global_step, args.sync_check_every):  # the target networks too
-            rt.check_replicas_in_sync(f"iteration {iteration}", world_size, *learned.values())
-
-        # Evaluation on rank 0 with the deterministic actor; the stop decision is broadcast, so all ranks stop together.
-        reached = False
-        if rt.steps_crossed(prev_step, global_step, args.eval_every):
-            with rt.off_the_clock(run):
-                video = f"eval-step{global_step}" if args.capture_video else None
-                seed = args.seed + 10**9 + global_step  # seeds no training env uses
-                greedy = args.eval_greedy
-                result = evaluate(actor, eval_envs, args, greedy, seed, device, video) if run.is_main else None
-                reached = rt.log_evaluation(run, result, global_step)
-
-        preempted = logging and rt.preempted(run)  # the vote, on logged steps only: every rank stops there
-        if last or preempted or reached or rt.steps_crossed(prev_step, global_step, args.checkpoint_every):
-            # data only: state dicts and numbers (no rank_state: neither envs nor replay buffers are saved)
-            state = {key: obj.state_dict() for key, obj in learned.items()}
-            state |= dict(agent_kwargs=agent_kwargs, num_updates=num_updates, num_actor_updates=num_actor_updates)
-            rt.save_checkpoint(run, iteration, global_step, None, **state)
-        if preempted or reached:
-            break
-
-    rt.finish(run, global_step, preempted, envs, eval_envs)
 
 
-# ALGO LOGIC: the replay buffer, the two losses, the two updates and the gradient all-reduce (imported by the tests)
 class ReplayBuffer:
-    """One rank's replay memory on `device`: a ring of `capacity` transitions, one float32 row each (obs,
-    next_obs, action, reward, termination), sampled there from a generator of its own seeded with `seed`."""
+    """One rank's replay memory on `device`: a ring of transitions, one float32 row each, sampled there
+    from a generator of its own."""
 
-    def __init__(self, capacity: int, obs_dim: int, action_dim: int, device, seed: int, pin: bool = False):
-        self.capacity, self.pos, self.size, self.pin = capacity, 0, 0, pin
+    def __init__(self, capacity: int, obs_dim: int, action_dim: int, device, seed: int):
+        self.capacity, self.pos, self.size = capacity, 0, 0
         self.widths = (obs_dim, obs_dim, action_dim, 1, 1)
         self.rows = torch.zeros((capacity, sum(self.widths)), device=device)
         self.generator = torch.Generator(device=device).manual_seed(seed)
 
     def add(self, obs, next_obs, actions, rewards, terminations) -> None:
-        """Store one step of every env (host arrays of shape [num_envs, ...]) with one copy to the device."""
+        """Store one step of every env (host arrays) with one copy to the device."""
         n = len(obs)
         host = np.concatenate([obs, next_obs, actions, rewards[:, None], terminations[:, None]], axis=1)
         idx = (self.pos + torch.arange(n, device=self.rows.device)) % self.capacity
-        self.rows[idx] = to_device(host, self.rows.device, self.pin)
+        self.rows[idx] = rt.to_device(host, self.rows.device, dtype=torch.float32)
         self.pos = (self.pos + n) % self.capacity
         self.size = min(self.size + n, self.capacity)
 
@@ -355,17 +202,12 @@ class ReplayBuffer:
         idx = torch.randint(0, self.size, (batch_size,), device=self.rows.device, generator=self.generator)
         obs, next_obs, actions, rewards, terminations = self.rows[idx].split(self.widths, dim=1)
         return dict(
-            obs=obs, actions=actions, rewards=rewards.view(-1), next_obs=next_obs, terminations=terminations.view(-1)
+            obs=obs,
+            actions=actions,
+            rewards=rewards.view(-1),
+            next_obs=next_obs,
+            terminations=terminations.view(-1),
         )
-
-
-def to_device(array: np.ndarray, device, pin: bool) -> torch.Tensor:
-    """`array` as float32 on `device`, through page-locked memory when `pin` (then the copy does not make the host
-    wait). The staging tensor is new at each call: torch's caching host allocator does not hand it out again
-    before that copy has run. On CPU the result is the staging tensor itself."""
-    staging = torch.empty(array.shape, dtype=torch.float32, pin_memory=pin)
-    staging.numpy()[...] = array
-    return staging.to(device, non_blocking=pin)
 
 
 def critic_loss(qf_model, qf_target, target_actor, obs, actions, rewards, next_obs, terminations, args: Args):
@@ -384,12 +226,14 @@ def critic_loss(qf_model, qf_target, target_actor, obs, actions, rewards, next_o
         min_qf_next_target = torch.min(qf1_next_target, qf2_next_target)
         next_q_value = rewards + (1 - terminations) * args.gamma * min_qf_next_target
     qf1_a_values, qf2_a_values = qf_model(obs, actions)
-    return qf1_a_values, qf2_a_values, F.mse_loss(qf1_a_values, next_q_value), F.mse_loss(qf2_a_values, next_q_value)
+    qf1_loss = F.mse_loss(qf1_a_values, next_q_value)
+    qf2_loss = F.mse_loss(qf2_a_values, next_q_value)
+    return qf1_a_values, qf2_a_values, qf1_loss, qf2_loss
 
 
 def policy_loss(actor_model, qf, obs):
-    """The actor's loss on one local batch, through the first critic; `actor_model` is the DDP-wrapped actor (or
-    the plain one), `qf` the unwrapped critics, frozen by the caller (`update_actor`)."""
+    """The actor's loss on one local batch, through the first critic; `actor_model` is the DDP-wrapped actor
+    (or the plain one), `qf` the unwrapped critics, frozen by the caller (`update_actor`)."""
     qf1_pi = qf.qf1(obs, actor_model(obs))
     return -qf1_pi.mean()
 
@@ -397,9 +241,8 @@ def policy_loss(actor_model, qf, obs):
 def update_critics(
     data: dict, qf_model, qf, qf_target, target_actor, q_optimizer, args: Args, world_size: int, critic_loss_fn
 ):
-    """One step of the twin critics on this rank's batch `data`, gradients averaged over ranks (`qf_model`'s DDP
-    hooks, or the flat all-reduce). `critic_loss_fn` is `critic_loss`, compiled with --compile. Returns (mean qf1
-    value, mean qf2 value, qf1 loss, qf2 loss), on the device."""
+    """One step of the twin critics on this rank's batch `data`, gradients averaged over ranks, with
+    `critic_loss_fn` (`critic_loss`, compiled with --compile). Returns the losses' means, on the device."""
     qf1_a_values, qf2_a_values, qf1_loss, qf2_loss = critic_loss_fn(
         qf_model, qf_target, target_actor, **data, args=args
     )
@@ -414,11 +257,11 @@ def update_critics(
 def update_actor(
     obs, actor_model, actor, qf, target_actor, qf_target, actor_optimizer, args: Args, world_size: int, policy_loss_fn
 ):
-    """One step of the actor on this rank's `obs`, then the Polyak update of both target networks (every rank,
-    from its identical networks, after the same update). `policy_loss_fn` is `policy_loss`, compiled with
-    --compile. Returns the actor loss, on the device."""
+    """One step of the actor on this rank's `obs`, then the Polyak update of both target networks (every
+    rank, from its identical networks, after the same update). `policy_loss_fn` is `policy_loss`, compiled
+    with --compile. Returns the actor loss, on the device."""
     # CRUCIAL: the critics are called unwrapped with their parameters frozen, so the actor's backward neither
-    # reaches the critics' DDP hooks (an all-reduce the flat path would not make) nor leaves critic gradients behind.
+    # reaches the critics' DDP hooks (an all-reduce the flat path would not make) nor leaves critic gradients.
     qf.requires_grad_(False)
     actor_loss = policy_loss_fn(actor_model, qf, obs)
     qf.requires_grad_(True)
@@ -451,54 +294,165 @@ def all_reduce_gradients_flat(params, world_size: int) -> None:
         offset += g.numel()
 
 
-# Evaluation on rank 0, in envs of its own: the interface every script offers (cleanrl_ddp/evaluate.py uses it)
-def make_eval_envs(args: Args, num_envs: int, video_dir: Optional[str] = None) -> gym.vector.SyncVectorEnv:
-    """Evaluation envs apart from the training ones; with `video_dir`, env 0 can record MP4s (`evaluate` starts it)."""
-    envs = [make_env(args.env_id, "rgb_array" if video_dir and i == 0 else None) for i in range(num_envs)]
-    if video_dir:
-        first = envs[0]
-        envs[0] = lambda: gym.wrappers.RecordVideo(first(), video_dir, lambda _: False, disable_logger=True)
-    return gym.vector.SyncVectorEnv(envs)
+def main() -> None:
+    args = tyro.cli(Args)
+    run = rt.start(args, SCRIPT)
+    td3_state = ("actor", "target_actor", "qf", "qf_target", "actor_optimizer", "q_optimizer")
+    args, ckpt = rt.load_run(run, args, required=(*td3_state, "agent_kwargs", "num_updates", "num_actor_updates"))
+    rank, world_size, device = run.rank, run.world_size, run.device
+    rt.check_env(args.env_id, make_env, gym.spaces.Box, hint="try Hopper-v5, HalfCheetah-v5 or Pendulum-v1")
+    sizes = derive_sizes(args, world_size)
+    start_iteration = ckpt["iteration"] + 1 if ckpt else 1
+    global_step = ckpt["global_step"] if ckpt else 0
+    # the replay buffers are not saved: a resumed run refills them first, acting with the resumed actor
+    train_start = args.learning_starts + global_step
+    if ckpt and run.is_main:
+        print(f"  updates restart at global step {train_start} (buffer refill)", flush=True)
 
+    # CRUCIAL: every rank starts from the same weights, but steps its own envs with its own seeds and draws
+    # its exploration noise and minibatches from its own stream. Env seeds are global env indices.
+    rt.seed_everything(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    n = args.local_num_envs
+    envs = gym.vector.SyncVectorEnv(
+        [make_env(args.env_id) for _ in range(n)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+    obs_dim = int(np.prod(envs.single_observation_space.shape))
+    action_dim = int(np.prod(envs.single_action_space.shape))
+    action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
+    # plain lists: checkpoints hold data only
+    agent_kwargs = dict(obs_dim=obs_dim, action_dim=action_dim, action_low=action_low.tolist())
+    agent_kwargs["action_high"] = action_high.tolist()
+    actor, qf = Actor(**agent_kwargs).to(device), TwinQ(obs_dim, action_dim).to(device)
+    if world_size > 1:  # the same start whichever --grad-sync is used
+        for tensor in [*actor.state_dict().values(), *qf.state_dict().values()]:
+            dist.broadcast(tensor, src=0)
+    target_actor, qf_target = Actor(**agent_kwargs).to(device), TwinQ(obs_dim, action_dim).to(device)
+    target_actor.load_state_dict(actor.state_dict())  # copies of the synchronised networks
+    qf_target.load_state_dict(qf.state_dict())
+    # fused: one kernel per step for all parameters
+    q_optimizer = optim.Adam(qf.parameters(), lr=args.learning_rate, fused=True)
+    actor_optimizer = optim.Adam(actor.parameters(), lr=args.learning_rate, fused=True)
+    rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
+    # every learned quantity by its checkpoint key: all must stay identical on every rank
+    learned = dict(actor=actor, target_actor=target_actor, qf=qf, qf_target=qf_target)
+    learned |= dict(actor_optimizer=actor_optimizer, q_optimizer=q_optimizer)
+    num_updates = ckpt["num_updates"] if ckpt else 0
+    num_actor_updates = ckpt["num_actor_updates"] if ckpt else 0
+    if ckpt:
+        for key, obj in learned.items():
+            obj.load_state_dict(ckpt[key])
+        rt.resume_rng(run, ckpt, args.seed)
+    # gradients allocated once: backward accumulates into them, never into CUDA-graph memory (--compile)
+    for p in [*qf.parameters(), *actor.parameters()]:
+        p.grad = torch.zeros_like(p)
+    ddp = world_size > 1 and args.grad_sync == "ddp"
+    # the actor's buffers (action scale and bias) are constants, equal on every rank: no broadcast per forward
+    actor_model = DDP(actor, broadcast_buffers=False) if ddp else actor
+    qf_model = DDP(qf) if ddp else qf
+    # --compile: the losses and (AOTAutograd) their backward; the updates around them stay eager
+    compile_mode = "reduce-overhead" if run.on_cuda else None
+    critic_loss_fn, policy_loss_fn = (
+        torch.compile(f, mode=compile_mode) if args.compile else f for f in (critic_loss, policy_loss)
+    )
 
-def load_agent(ckpt: dict, device) -> Actor:
-    actor = Actor(**ckpt["agent_kwargs"]).to(device)
-    actor.load_state_dict(ckpt["actor"])
-    return actor
+    # the envs are not saved: a resumed run seeds them past the earlier attempts' seeds
+    obs, _ = envs.reset(seed=args.seed + rank * n + (start_iteration - 1) * sizes.num_envs)
+    # the replay buffer lives on the training device, sampled there by this rank's own generator
+    sample_seed = int(np.random.SeedSequence([args.seed, rank, start_iteration]).generate_state(1)[0])
+    rb = ReplayBuffer(sizes.local_buffer_size, obs_dim, action_dim, device, sample_seed)
+    episodes = rt.Episodes(n)
+    # this rank's update sums since the last logged step, on the device until then
+    loss_names = ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss")
+    sums = dict.fromkeys(("updates", "actor_updates", *loss_names, "actor_loss"), 0.0)
+    update_seconds = 0.0  # rank 0's, per log interval
+    num_iterations, preempted = sizes.num_iterations, False
+    rt.open_run(run, sizes, ckpt)
 
+    for iteration in range(start_iteration, num_iterations + 1):
+        prev_step = global_step
+        global_step += sizes.num_envs  # global: all ranks step at once
 
-def evaluate(actor, eval_envs, args: Args, greedy: bool, seed: int, device, video_name: Optional[str] = None):
-    """Play one episode in each env of `eval_envs`; returns (returns, lengths, video). Rank 0 only.
+        # ALGO LOGIC: put action logic here (random until the GLOBAL step reaches learning_starts)
+        if prev_step < args.learning_starts:
+            actions = np.random.uniform(action_low, action_high, (n, action_dim)).astype(np.float32)
+        else:
+            with torch.no_grad():  # the unwrapped actor: acting must not go through DDP; noise from this rank's stream
+                actions = actor(rt.to_device(obs, device, dtype=torch.float32))
+                actions += torch.randn(actions.shape, device=device) * actor.action_scale * args.exploration_noise
+            actions = actions.cpu().numpy().clip(action_low, action_high)  # the one wait for the device per env step
 
-    `greedy` acts with the actor alone; otherwise it adds the exploration noise (as CleanRL's td3_eval), drawn
-    from a generator of its own, so evaluating never moves the training streams. With `video_name`, env 0's
-    episode is saved as {video_dir}/{video_name}.mp4 and `video` is dict(path, frames [T, H, W, C] uint8, fps).
-    """
-    episodes = eval_envs.num_envs
-    generator = torch.Generator(device=device).manual_seed(seed)
-    obs, _ = eval_envs.reset(seed=[seed + i for i in range(episodes)])
-    recorder = eval_envs.envs[0] if video_name is not None else None
-    if recorder is not None:
-        recorder.start_recording(video_name)
-        recorder.recorded_frames.append(recorder.render())  # the first frame, before any action
-    low, high = eval_envs.single_action_space.low, eval_envs.single_action_space.high
-    returns, lengths = np.zeros(episodes), np.zeros(episodes, dtype=np.int64)
-    running, video = np.ones(episodes, dtype=bool), None
-    while running.any():
-        with torch.no_grad():
-            action = actor(torch.as_tensor(obs, dtype=torch.float32, device=device))
-            if not greedy:
-                noise = torch.randn(action.shape, generator=generator, device=device)
-                action += noise * actor.action_scale * args.exploration_noise
-        obs, reward, terminations, truncations, _ = eval_envs.step(action.cpu().numpy().clip(low, high))
-        returns += reward * running
-        lengths += running
-        running &= ~(terminations | truncations)  # NextStep autoreset: later steps of that env are ignored
-        if recorder is not None and recorder.recording and not running[0]:
-            path = os.path.join(recorder.video_folder, f"{video_name}.mp4")
-            video = dict(path=path, frames=np.stack(recorder.recorded_frames), fps=recorder.frames_per_sec)
-            recorder.stop_recording()  # writes the MP4
-    return returns, lengths, video
+        # TRY NOT TO MODIFY: execute the game and log data.
+        next_obs, rewards, terminations, truncations, infos = envs.step(actions)
+        done = terminations | truncations
+        episodes.step(rewards, done)
+
+        # TRY NOT TO MODIFY: save data to the replay buffer; an ended episode's next_obs is its final one
+        real_next_obs = next_obs.copy()
+        if done.any():  # SAME_STEP autoreset: next_obs is already the reset observation
+            real_next_obs[done] = np.stack(infos["final_obs"][done])
+        rb.add(obs, real_next_obs, actions, rewards, terminations)
+        obs = next_obs
+
+        # ALGO LOGIC: training, on the GLOBAL step's schedule: every rank makes the same all-reduces
+        if global_step > train_start:
+            update_start = time.perf_counter()
+            for _ in range(args.updates_per_iteration):
+                data = rb.sample(args.local_batch_size)
+                critic_stats = update_critics(
+                    data, qf_model, qf, qf_target, target_actor, q_optimizer, args, world_size, critic_loss_fn
+                )
+                num_updates += 1
+                sums["updates"] += 1
+                for k, v in zip(loss_names, critic_stats, strict=True):
+                    sums[k] += v.double()
+
+                if num_updates % args.policy_frequency == 0:  # TD3's delayed update, then the target networks
+                    actor_loss = update_actor(
+                        data["obs"],
+                        actor_model,
+                        actor,
+                        qf,
+                        target_actor,
+                        qf_target,
+                        actor_optimizer,
+                        args,
+                        world_size,
+                        policy_loss_fn,
+                    )
+                    num_actor_updates += 1
+                    sums["actor_updates"] += 1
+                    sums["actor_loss"] += actor_loss.double()
+            update_seconds += time.perf_counter() - update_start
+
+        # metrics of ALL ranks, by name in one all-reduce
+        last = iteration == num_iterations
+        logging = bool(rt.steps_crossed(prev_step, global_step, args.log_every)) or last
+        if logging:
+            m, sums = rt.all_sum(run, sums | episodes.take()), dict.fromkeys(sums, 0.0)
+            scalars = {"charts/updates": num_updates, "charts/actor_updates": num_actor_updates}
+            scalars["perf/update_seconds"] = update_seconds
+            if m["updates"]:  # no losses in an interval without updates
+                scalars |= {f"losses/{k}": m[k] / m["updates"] for k in loss_names}
+                scalars["losses/qf_loss"] = (m["qf1_loss"] + m["qf2_loss"]) / m["updates"] / 2.0
+            if m["actor_updates"]:
+                scalars["losses/actor_loss"] = m["actor_loss"] / m["actor_updates"]
+            rt.log(run, global_step, scalars, m)
+            update_seconds = 0.0
+        if rt.steps_crossed(prev_step, global_step, args.sync_check_every):  # the target networks too
+            rt.check_replicas_in_sync(f"iteration {iteration}", world_size, *learned.values())
+        reached = evals.evaluate(run, actor, eval_action, make_env, prev_step, global_step)
+
+        preempted = logging and rt.preempted(run)  # the vote, on logged steps only: every rank stops there
+        if last or preempted or reached or rt.steps_crossed(prev_step, global_step, args.checkpoint_every):
+            state = {key: obj.state_dict() for key, obj in learned.items()}
+            state |= dict(agent_kwargs=agent_kwargs, num_updates=num_updates, num_actor_updates=num_actor_updates)
+            rt.save_checkpoint(run, iteration, global_step, None, **state)
+        if preempted or reached:
+            break
+
+    rt.finish_or_exit_preempted(run, global_step, preempted, envs)
 
 
 if __name__ == "__main__":

@@ -56,18 +56,18 @@ def clean_launch(monkeypatch):
 
 
 def one_rank(**flags) -> rt.Run:
-    return rt.Run("ppo_multigpu", Args(**flags), 0, 0, 1, 1, torch.device("cpu"), None)
+    return rt.Run("ppo_multigpu", Args(**flags), 0, 1, torch.device("cpu"), None)
 
 
 def train(tmp_path, iterations=2, **flags) -> rt.Run:
     """A run of the module alone: resume, open the logs, log and checkpoint `iterations` iterations, finish."""
     run = one_rank(runs_dir=str(tmp_path), **flags)
-    rt.resume(run, run.args)
-    rt.open_run(run, dict(batch_size=10, num_iterations=100), None)
+    rt.load_run(run, run.args)
+    rt.open_run(run, rt.Sizes(world_size=1, num_envs=1, batch_size=10, num_iterations=100), None)
     for iteration in range(1, iterations + 1):
-        rt.log(run, 10 * iteration, {"losses/x": 1.0}, (0.0, 0, 0))
+        rt.log(run, 10 * iteration, {"losses/x": 1.0}, dict(episode_return_sum=0.0, episode_length_sum=0, episodes=0))
         rt.save_checkpoint(run, iteration, 10 * iteration, None, agent={"w": torch.ones(2)})
-    rt.finish(run, 10 * iterations, preempted=False)
+    rt.finish_or_exit_preempted(run, 10 * iterations, preempted=False)
     return run
 
 
@@ -244,7 +244,7 @@ def test_track_and_wandb_names_never_come_from_a_checkpoint(tmp_path, clean_laun
     ckpt = torch.load(path, weights_only=True)
     ckpt["args"] |= dict(track=True, wandb_entity="someone-else")
     torch.save(ckpt, path)
-    args, _ = rt.resume(one_rank(runs_dir=str(tmp_path)), Args(resume=run.run_dir))
+    args, _ = rt.load_run(one_rank(runs_dir=str(tmp_path)), Args(resume=run.run_dir))
     assert not args.track and args.wandb_entity is None
 
 
@@ -277,33 +277,34 @@ def test_a_restart_with_the_same_flags_continues_its_own_run(tmp_path, clean_lau
     """What an elastic restart or a requeue does: the same command finds its directory, before or after the
     first checkpoint, and continues it. Two launches that both found the name free: the second stops."""
     run = one_rank(runs_dir=str(tmp_path), run_name="job")
-    rt.resume(run, run.args)
-    rt.open_run(run, dict(batch_size=10, num_iterations=100), None)  # crashed before its first checkpoint
+    rt.load_run(run, run.args)
+    # crashed before its first checkpoint
+    rt.open_run(run, rt.Sizes(world_size=1, num_envs=1, batch_size=10, num_iterations=100), None)
     rt.close_logs(1)
     again = one_rank(runs_dir=str(tmp_path), run_name="job")
-    _, ckpt = rt.resume(again, again.args)
+    _, ckpt = rt.load_run(again, again.args)
     assert ckpt is None and again.run_dir == run.run_dir and not again.new_dir
     late = one_rank(runs_dir=str(tmp_path), run_name="job")
     late.run_dir, late.new_dir = run.run_dir, True  # found the name free just before the first run created it
     with pytest.raises(rt.RunError, match="another run created .*job meanwhile"):
-        rt.open_run(late, dict(batch_size=10), None)
+        rt.open_run(late, rt.Sizes(world_size=1, num_envs=1, batch_size=10, num_iterations=100), None)
 
 
 @pytest.mark.parametrize("name", ["", ".", "..", ".hidden"])
 def test_run_name_must_be_a_plain_name(tmp_path, clean_launch, name):
     run = one_rank(runs_dir=str(tmp_path / "runs"), run_name=name)
     with pytest.raises(rt.RunError, match="--run-name must be a plain name"):
-        rt.resume(run, run.args)
+        rt.load_run(run, run.args)
     assert not (tmp_path / "runs").exists()
 
 
 def test_a_finished_run_relaunched_stops_before_any_log(tmp_path, clean_launch):
     run = train(tmp_path, iterations=2, run_name="done")
     again = one_rank(runs_dir=str(tmp_path), run_name="done")
-    _, ckpt = rt.resume(again, again.args)
+    _, ckpt = rt.load_run(again, again.args)
     files = sorted(os.listdir(run.run_dir))
     with pytest.raises(rt.RunError, match=r"has finished: its checkpoint is at global step 20, and --total-timesteps"):
-        rt.open_run(again, dict(batch_size=10, num_iterations=2), ckpt)
+        rt.open_run(again, rt.Sizes(world_size=1, num_envs=1, batch_size=10, num_iterations=2), ckpt)
     assert sorted(os.listdir(run.run_dir)) == files
 
 
@@ -330,9 +331,9 @@ def test_an_error_exit_still_closes_the_writer_and_wandb(tmp_path, clean_launch)
             os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
             with rt.exit_codes("demo"):
                 run = one_rank(runs_dir=str(tmp_path), run_name="failing", track=True)
-                rt.resume(run, run.args)
-                rt.open_run(run, dict(batch_size=10), None)
-                rt.log(run, 10, {"losses/x": 0.5}, (0.0, 0, 0))
+                rt.load_run(run, run.args)
+                rt.open_run(run, rt.Sizes(world_size=1, num_envs=1, batch_size=10, num_iterations=100), None)
+                rt.log(run, 10, {"losses/x": 0.5}, dict(episode_return_sum=0.0, episode_length_sum=0, episodes=0))
                 raise RuntimeError("a bug")
         finally:
             os._exit(99)

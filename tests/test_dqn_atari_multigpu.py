@@ -9,15 +9,8 @@ import pytest
 import torch
 from helpers import REPO, assert_one_line_error, launch, only_run_dir, read_scalars
 
-from cleanrl_ddp.dqn_atari_multigpu import (
-    Args,
-    FrameReplayBuffer,
-    ale_game,
-    derive_sizes,
-    life_lost,
-    linear_schedule,
-    td_loss,
-)
+from cleanrl_ddp.atari import ale_game
+from cleanrl_ddp.dqn_atari_multigpu import Args, FrameReplayBuffer, derive_sizes, life_lost, linear_schedule, td_loss
 
 SCRIPT = "dqn_atari_multigpu.py"
 DUMP = REPO / "tests" / "rank_state_dump.py"  # the wrapper that saves each rank's networks as main() returns
@@ -140,7 +133,7 @@ def test_td_loss_matches_hand_computation():
 
 def test_derived_sizes():
     args = Args(local_num_envs=4, buffer_size=1000, local_batch_size=32, train_frequency=4, total_timesteps=1000)
-    assert derive_sizes(args, 2) == dict(
+    assert dataclasses.asdict(derive_sizes(args, 2)) == dict(
         world_size=2,
         num_envs=8,
         batch_size=64,
@@ -151,9 +144,9 @@ def test_derived_sizes():
     )
     # a share that does not divide is rounded down (the table shows it): CleanRL's 1M frames on 3 ranks
     sizes = derive_sizes(dataclasses.replace(args, buffer_size=1001), 2)
-    assert (sizes["env_buffer_capacity"], sizes["local_buffer_size"]) == (125, 500)
+    assert (sizes.env_buffer_capacity, sizes.local_buffer_size) == (125, 500)
     sizes = derive_sizes(Args(), 3)
-    assert (sizes["env_buffer_capacity"], sizes["local_buffer_size"]) == (333333, 333333)
+    assert (sizes.env_buffer_capacity, sizes.local_buffer_size) == (333333, 333333)
     with pytest.raises(ValueError, match="leaves 5 slots per env"):
         derive_sizes(dataclasses.replace(args, buffer_size=40), 2)
     fields = {f.name for f in dataclasses.fields(Args)}

@@ -11,6 +11,8 @@ import pytest
 import torch
 from helpers import REPO, event_files, launch, only_run_dir, read_scalars, wandb_offline_runs
 
+from cleanrl_ddp import evals
+
 TINY = ["--local-num-envs", "2", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "2"]
 CONTINUOUS_TINY = ["--env-id", "InvertedPendulum-v5", "--local-num-envs", "1", "--num-steps", "64"]
 CONTINUOUS_TINY += ["--num-minibatches", "2", "--update-epochs", "2"]
@@ -167,10 +169,11 @@ def test_atari_evaluation_keeps_training_streams_and_records_the_game(tmp_path, 
         net, args = module.QNetwork(4), module.Args(eval_epsilon=1.0)
     else:  # PQN: the sampled evaluation plays with epsilon --end-e; Q-values without the CNN's cost
         net, args = lambda x: torch.zeros(len(x), 4), module.Args(end_e=1.0)
-    eval_envs = module.make_eval_envs(args, 1, str(tmp_path / "videos"))
+    eval_envs = evals.make_envs(module.make_env, args, 1, str(tmp_path / "videos"))
     torch_state, numpy_state = torch.get_rng_state(), np.random.get_state()[1].copy()
-    returns, lengths, video = module.evaluate(net, eval_envs, args, False, 7, torch.device("cpu"), "game")
-    again, again_lengths, no_video = module.evaluate(net, eval_envs, args, False, 7, torch.device("cpu"))
+    cpu = torch.device("cpu")
+    returns, lengths, video = evals.play(net, module.eval_action, eval_envs, args, False, 7, cpu, "game")
+    again, again_lengths, no_video = evals.play(net, module.eval_action, eval_envs, args, False, 7, cpu)
     eval_envs.close()
     assert torch.equal(torch.get_rng_state(), torch_state) and (np.random.get_state()[1] == numpy_state).all()
     assert returns.tolist() == again.tolist() and lengths.tolist() == again_lengths.tolist() and no_video is None

@@ -42,15 +42,16 @@ def test_every_script_has_its_few_iteration_flags():
 
 def test_the_checks_run_on_the_cpu_one_line_each(tmp_path):
     """The real checks, on the CPU: a few iterations of one script, the NCCL guard's one line, a SIGTERM-stopped
-    2-rank run resumed on one rank to its exact step, whose checkpoint is then evaluated, and the throughput next
-    to the ceiling; CleanRL's script is skipped, as nothing points at it."""
+    2-rank run resumed on one rank to its exact step, whose checkpoint is then evaluated, the throughput next
+    to the ceiling and the profiled split of an iteration; CleanRL's script is skipped, as nothing points at it."""
     only = ["script:ppo_multigpu.py", "nccl-guard", "resume", "evaluate", "throughput"]
     proc = check("--device", "cpu", "--full", "--only", *only, "--out", tmp_path)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
     lines = [line for line in proc.stdout.splitlines() if re.match(r"(ok|FAIL|skip) ", line)]
     names = [re.match(r"\w+ +([^:]+):", line).group(1) for line in lines]
-    assert names == ["script", "nccl-guard", "resume", "evaluate on cpu", "throughput 2 envs", "cleanrl 2 envs"], output
+    expected = ["script", "nccl-guard", "resume", "evaluate on cpu", "throughput 2 envs", "profile 2 envs"]
+    assert names == [*expected, "cleanrl 2 envs"], output
     assert lines[0].startswith("ok    script:ppo_multigpu.py: world size 1 on cpu, global step 384, exit 0"), output
     assert (
         lines[1].startswith("ok    nccl-guard: exit 1 with one line: ") and "--backend nccl needs CUDA" in lines[1]
@@ -58,9 +59,12 @@ def test_the_checks_run_on_the_cpu_one_line_each(tmp_path):
     stopped = int(re.search(r"stopped at global step (\d+) of 960 ", lines[2]).group(1))
     assert 0 < stopped < 960 and "resumed on 1 rank to exactly 960" in lines[2], lines[2]
     assert re.match(r"ok    evaluate on cpu: return -?[\d.]+ ± [\d.]+ \(mean ± std over 2 sampled episodes", lines[3])
-    assert re.search(r"[\d,]+ SPS = \d+% of the env-only ceiling [\d,]+ of this call", lines[4]), lines[4]
-    assert lines[5].startswith("skip  cleanrl 2 envs: no --cleanrl-script")
-    assert re.match(r"gpu_check: 5 ok, 0 FAIL, 1 skipped in [\d.]+ min", proc.stdout.splitlines()[-1]), output
+    throughput = r"[\d,]+ SPS = \d+% of the env-only ceiling [\d,]+ of this call; the update \d+% of the time"
+    assert re.search(throughput, lines[4]), lines[4]
+    parts = re.findall(r"(env step|policy step|host<->device copies|bookkeeping|update|other) \d+ ms", lines[5])
+    assert len(parts) == 6 and "one iteration of ppo_atari_multigpu.py alone" in lines[5], lines[5]
+    assert lines[6].startswith("skip  cleanrl 2 envs: no --cleanrl-script")
+    assert re.match(r"gpu_check: 6 ok, 0 FAIL, 1 skipped in [\d.]+ min", proc.stdout.splitlines()[-1]), output
     assert all(re.search(r" \[\d+ s\]$", line) for line in lines), lines  # each check's seconds
     assert (tmp_path / "logs" / "resume.log").read_text().startswith("$ ")
     summary = (tmp_path / "summary.txt").read_text().splitlines()

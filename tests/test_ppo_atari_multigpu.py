@@ -6,17 +6,9 @@ import pytest
 import torch
 from helpers import assert_one_line_error, launch, only_run_dir, read_scalars
 
-from cleanrl_ddp.ppo_atari_multigpu import (
-    Agent,
-    Args,
-    ale_game,
-    clip_reward,
-    game_over,
-    make_env,
-    staging_buffer,
-    sticky_action_probability,
-    to_device,
-)
+from cleanrl_ddp import runtime as rt
+from cleanrl_ddp.atari import ale_game, clip_reward, game_over, sticky_action_probability
+from cleanrl_ddp.ppo_atari_multigpu import Agent, Args, make_env
 
 SCRIPT = "ppo_atari_multigpu.py"
 
@@ -38,11 +30,11 @@ def test_frames_reach_the_device_through_a_staging_buffer_of_their_shape():
     pin = device.type == "cuda"
     envs = make_env("breakout", 3)
     reset_frames, _ = envs.reset(seed=np.arange(3))
-    staging = staging_buffer(envs, pin)
+    staging = torch.zeros(reset_frames.shape, dtype=torch.uint8, pin_memory=pin)  # as the script makes it
     envs.close()
     rng = np.random.default_rng(0)
     for frames in [reset_frames, *(rng.integers(0, 256, (3, 4, 84, 84), dtype=np.uint8) for _ in range(2))]:
-        on_device = to_device(frames, staging, device, non_blocking=pin)
+        on_device = rt.to_device(frames, device, staging)
         assert on_device.device.type == device.type and on_device.dtype == torch.uint8
         assert torch.equal(on_device.cpu(), torch.from_numpy(frames))
 

@@ -9,12 +9,13 @@ import pytest
 import torch
 from helpers import assert_one_line_error, launch, only_run_dir, read_scalars
 
+from cleanrl_ddp import evals
 from cleanrl_ddp.ppo_continuous_action_multigpu import (
     Args,
     RunningStats,
-    evaluate,
+    eval_action,
     load_agent,
-    make_eval_envs,
+    make_env,
     normalize_obs,
 )
 
@@ -109,8 +110,8 @@ def evaluate_checkpoint(checkpoint: Path, episodes: int) -> np.ndarray:
     """Returns of the mean action, with the observations normalised by the checkpoint's statistics."""
     ckpt = torch.load(checkpoint, weights_only=True)
     args, device = Args(**ckpt["args"]), torch.device("cpu")
-    eval_envs = make_eval_envs(args, episodes)
-    returns, _, _ = evaluate(load_agent(ckpt, device), eval_envs, args, True, 10_000, device)
+    eval_envs = evals.make_envs(make_env, args, episodes)
+    returns, _, _ = evals.play(load_agent(ckpt, device), eval_action, eval_envs, args, True, 10_000, device)
     eval_envs.close()
     return returns
 

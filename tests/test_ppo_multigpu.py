@@ -16,7 +16,7 @@ TINY = ["--local-num-envs", "2", "--num-steps", "32", "--num-minibatches", "2", 
 
 def test_derived_sizes_follow_world_size():
     args = Args(local_num_envs=4, num_steps=128, num_minibatches=4, total_timesteps=10_000)
-    assert derive_sizes(args, 2) == dict(
+    assert dataclasses.asdict(derive_sizes(args, 2)) == dict(
         world_size=2,
         num_envs=8,
         local_batch_size=512,
@@ -25,8 +25,8 @@ def test_derived_sizes_follow_world_size():
         minibatch_size=256,
         num_iterations=9,
     )
-    assert derive_sizes(args, 3)["batch_size"] == 1536
-    assert derive_sizes(args, 3)["num_iterations"] == 6
+    assert derive_sizes(args, 3).batch_size == 1536
+    assert derive_sizes(args, 3).num_iterations == 6
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ def script(request):
 
 def test_derived_sizes_follow_world_size(script):
     args = script.Args(local_num_envs=4, num_steps=128, num_minibatches=4, total_timesteps=10_000)
-    assert script.derive_sizes(args, 2) == dict(
+    assert dataclasses.asdict(script.derive_sizes(args, 2)) == dict(
         world_size=2,
         num_envs=8,
         local_batch_size=512,
@@ -27,7 +27,7 @@ def test_derived_sizes_follow_world_size(script):
         minibatch_size=256,
         num_iterations=9,
     )
-    assert script.derive_sizes(args, 3)["num_iterations"] == 6
+    assert script.derive_sizes(args, 3).num_iterations == 6
     fields = {f.name for f in dataclasses.fields(script.Args)}
     assert not fields & {"num_envs", "batch_size", "local_batch_size", "minibatch_size", "num_iterations"}
 

@@ -4,6 +4,7 @@ Whole-script runs elsewhere check each behaviour once."""
 
 import ast
 import errno
+import importlib
 import os
 import random
 import socket
@@ -44,7 +45,7 @@ class Args(rt.RunArgs):
 
 def single_run(tmp_path, **flags) -> rt.Run:
     args = Args(runs_dir=str(tmp_path), **flags)
-    return rt.Run("ppo_multigpu", args, 0, 0, 1, 1, torch.device("cpu"), None)
+    return rt.Run("ppo_multigpu", args, 0, 1, torch.device("cpu"), None)
 
 
 @pytest.fixture
@@ -78,9 +79,59 @@ def test_every_script_goes_through_the_module():
         args = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Args")
         assert [b.attr for b in args.bases] == ["RunArgs"], script
         names = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
-        assert {"make_eval_envs", "load_agent", "evaluate", "derive_sizes", "main"} <= names, script
+        assert {"eval_action", "load_agent", "derive_sizes", "main"} <= names, script
         used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and getattr(n.value, "id", "") == "rt"}
         assert used <= runtime_names, f"{script}: rt.{sorted(used - runtime_names)} not defined in runtime.py itself"
+
+
+def package_imports(path: Path) -> set:
+    """The cleanrl_ddp modules that `path` imports when it runs (annotation-only `if TYPE_CHECKING:` blocks aside)."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
+            node.body = []
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "cleanrl_ddp":
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("cleanrl_ddp."):
+            found.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("cleanrl_ddp.")}
+    return found
+
+
+def test_no_import_cycle_and_every_module_imports_on_its_own():
+    """The modules of cleanrl_ddp/ import each other without a cycle (runtime imports launch, checkpoint and lease,
+    which import only errors), and each one imports cleanly first, with none of them loaded."""
+    modules = sorted(p.stem for p in (REPO / "cleanrl_ddp").glob("*.py") if p.stem != "__init__")
+    graph = {m: package_imports(REPO / "cleanrl_ddp" / f"{m}.py") & set(modules) for m in modules}
+    assert graph["errors"] == set(), "errors.py must import nothing of ours"
+    done, visiting = set(), []
+
+    def visit(m):
+        assert m not in visiting, f"import cycle: {' -> '.join(visiting[visiting.index(m) :] + [m])}"
+        if m not in done:
+            visiting.append(m)
+            for dependency in sorted(graph[m]):
+                visit(dependency)
+            visiting.pop()
+            done.add(m)
+
+    for m in modules:
+        visit(m)
+    ours = lambda: [n for n in sys.modules if n == "cleanrl_ddp" or n.startswith("cleanrl_ddp.")]  # noqa: E731
+    saved = {name: sys.modules[name] for name in ours()}
+    try:
+        for order in (modules, modules[::-1]):
+            for m in order:  # each module first, with no module of the package loaded
+                for name in ours():
+                    del sys.modules[name]
+                importlib.import_module(f"cleanrl_ddp.{m}")
+    finally:  # the modules every other test imported, as they were
+        for name in ours():
+            del sys.modules[name]
+        sys.modules.update(saved)
 
 
 def test_read_launch_env_torchrun_slurm_and_plain(launch_env):
@@ -189,8 +240,8 @@ def test_run_names_sort_by_start_time_and_a_restart_finds_its_own(launch_env, tm
     for env_id, run_id in [("Breakout", "b68db908-0c54-4be8-a5d5-05d8f3fed068"), ("ALE/Pong-v5", "slurm77.3")]:
         launch_env.setenv("TORCHELASTIC_RUN_ID", run_id)
         run = single_run(tmp_path, env_id=env_id)
-        rt.resume(run, run.args)
-        rt.open_run(run, dict(batch_size=10), None)
+        rt.load_run(run, run.args)
+        rt.open_run(run, rt.Sizes(world_size=1, num_envs=1, batch_size=10, num_iterations=100), None)
         started.append(os.path.basename(run.run_dir))
         clock[0] += 61
     assert started == [
@@ -201,7 +252,7 @@ def test_run_names_sort_by_start_time_and_a_restart_finds_its_own(launch_env, tm
     clock[0] += 3600  # torchrun restarts the first launch's workers an hour later
     launch_env.setenv("TORCHELASTIC_RUN_ID", "b68db908-0c54-4be8-a5d5-05d8f3fed068")
     again = single_run(tmp_path, env_id="Breakout")
-    rt.resume(again, again.args)
+    rt.load_run(again, again.args)
     assert os.path.basename(again.run_dir) == started[0] and not again.new_dir
 
 
@@ -263,9 +314,9 @@ def test_device_and_backend_are_values(monkeypatch):
     assert launch.choose_device(True, None, 1, 2, True) == (torch.device("cuda", 0), "nccl")  # --share-gpus (srun)
     assert launch.choose_device(True, None, 0, 1, False) == (torch.device("cuda", 0), "nccl")
     run = single_run(Path("."))
-    assert not run.pin
+    assert not run.on_cuda
     run.device = torch.device("cuda", 0)
-    assert run.pin
+    assert run.on_cuda
 
 
 def test_atomic_save_keeps_the_old_file_when_a_write_fails(tmp_path, monkeypatch):
@@ -326,6 +377,28 @@ def test_state_checksum_sees_one_ulp_in_every_dtype(dtype):
     assert not torch.equal(rt.state_checksum(net, optimizer, stats), current)
 
 
+def test_episodes_sum_the_ended_episodes_by_name():
+    """rt.Episodes: each env's running return and length; the sums of the episodes that ended, by name, once."""
+    episodes = rt.Episodes(3)
+    episodes.step(np.array([1.0, 2.0, 3.0]), np.array([False, True, False]))
+    episodes.step(np.array([1.0, 1.0, 1.0]), np.array([True, False, False]), stepped=np.array([1, 1, 0]))
+    episodes.step(np.array([5.0]), np.array([True]), envs=slice(2, 3))  # one env of a half (the async rollout)
+    assert episodes.take() == dict(episode_return_sum=2.0 + 2.0 + 9.0, episode_length_sum=2 + 1 + 2, episodes=3)
+    assert episodes.take() == dict(episode_return_sum=0, episode_length_sum=0, episodes=0)
+    assert episodes.returns.tolist() == [0.0, 1.0, 0.0] and episodes.lengths.tolist() == [0, 1, 0]
+
+
+def test_to_device_through_a_staging_buffer_or_a_new_one():
+    """rt.to_device: through the caller's staging buffer (on CPU the result is that buffer), or a new one per call
+    with the array's dtype (or the one asked for)."""
+    staging = torch.zeros(2, 3, dtype=torch.uint8)
+    out = rt.to_device(np.full((2, 3), 7, dtype=np.uint8), torch.device("cpu"), staging)
+    assert out is staging and out.tolist() == [[7] * 3] * 2
+    out = rt.to_device(np.arange(4, dtype=np.float64), torch.device("cpu"))
+    assert out.dtype == torch.float64 and out.tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert rt.to_device(np.arange(4, dtype=np.float64), torch.device("cpu"), dtype=torch.float32).dtype == torch.float32
+
+
 def test_steps_crossed_keeps_a_period_that_is_not_a_multiple_of_the_batch():
     crossed = [rt.steps_crossed(s - 128, s, 300) for s in range(128, 128 * 75 + 1, 128)]
     assert sum(crossed) == 128 * 75 // 300 and max(crossed) == 1
@@ -349,7 +422,7 @@ sys.path.insert(0, {str(REPO)!r})
 from cleanrl_ddp import runtime as rt
 rank = int(sys.argv[1])
 dist.init_process_group("gloo", init_method="file://{tmp_path}/store", rank=rank, world_size=2)
-run = rt.Run("s", None, rank, rank, 2, 2, torch.device("cpu"), "gloo")
+run = rt.Run("s", None, rank, 2, torch.device("cpu"), "gloo")
 out = rt.all_sum(run, dict(b=rank + 1.0, a=10.0 * rank))
 assert list(out) == ["b", "a"] and out == dict(b=3.0, a=10.0), out
 if rank == 1:
@@ -380,25 +453,27 @@ def test_resume_handshake_then_logs_and_checkpoint(tmp_path, monkeypatch):
     rank's RNG and state, and a resume that takes the checkpoint's flags (another world size: a whole-script test)."""
     monkeypatch.setattr(sys, "argv", ["script"])  # the resumed flags are parsed from this command line
     run = single_run(tmp_path, track=False)
-    args, ckpt = rt.resume(run, run.args)
+    args, ckpt = rt.load_run(run, run.args)
     assert ckpt is None and not os.path.exists(run.run_dir)  # nothing written before the checks pass
     assert os.path.dirname(run.run_dir) == str(tmp_path) and "Z__ALE-Pong-v5__" in run.run_dir
-    rt.open_run(run, dict(batch_size=10, num_iterations=100), None)
-    rt.log(run, 10, {"losses/x": 0.5}, (6.0, 40, 2))
-    rt.log(run, 20, {"losses/x": 0.25}, (0.0, 0, 0))
+    rt.open_run(run, rt.Sizes(world_size=1, num_envs=1, batch_size=10, num_iterations=100), None)
+    rt.log(run, 10, {"losses/x": 0.5}, dict(episode_return_sum=6.0, episode_length_sum=40, episodes=2))
+    rt.log(run, 20, {"losses/x": 0.25}, dict(episode_return_sum=0.0, episode_length_sum=0, episodes=0))
     rt.save_checkpoint(run, 2, 20, rank_state=b"envs", agent={"w": torch.ones(2)})
-    rt.finish(run, 20, preempted=False)
+    rt.finish_or_exit_preempted(run, 20, preempted=False)
     scalars = read_scalars(run.run_dir)
     assert scalars["losses/x"] == [(10, 0.5), (20, 0.25)]
     assert scalars["charts/episodic_return"] == [(10, 3.0)] and scalars["charts/episodes"] == [(10, 2), (20, 0)]
 
     monkeypatch.setattr(sys, "argv", ["script", "--total-timesteps", "2000"])
     again = single_run(tmp_path)
-    args, ckpt = rt.resume(again, Args(resume=run.run_dir, total_timesteps=2000))
+    args, ckpt = rt.load_run(again, Args(resume=run.run_dir, total_timesteps=2000))
     assert ckpt["rank_state"] == [b"envs"] and ckpt["iteration"] == 2 and len(ckpt["rng"]) == 1
     assert args.total_timesteps == 2000 and args.env_id == "ALE/Pong-v5" and again.run_dir == run.run_dir
     with pytest.raises(rt.RunError, match="the checkpoint's batch_size is 10, not 20: keep its sizes"):
-        rt.open_run(again, dict(batch_size=20, num_iterations=100), ckpt)  # e.g. another --local-num-envs
+        rt.open_run(
+            again, rt.Sizes(world_size=1, num_envs=1, batch_size=20, num_iterations=100), ckpt
+        )  # e.g. another --local-num-envs
 
 
 def test_per_rank_flags_keep_the_global_sizes():
@@ -461,13 +536,13 @@ def test_resume_at_another_world_size_derives_the_per_rank_flags_again(tmp_path,
     checkpoint.atomic_save(ckpt, str(tmp_path / "checkpoint.pt"))
     for argv, local_num_envs in ([], 8), (["--local-num-envs", "4"], 8), (["--local-num-envs", "8"], 8):
         monkeypatch.setattr(sys, "argv", ["script", *argv])
-        resumed, _ = rt.resume(single_run(tmp_path), Args(resume=str(tmp_path)))
+        resumed, _ = rt.load_run(single_run(tmp_path), Args(resume=str(tmp_path)))
         assert resumed.local_num_envs == local_num_envs, argv
     monkeypatch.setattr(sys, "argv", ["script", "--local-num-envs", "2"])
     with pytest.raises(
         rt.RunError, match=r"--local-num-envs 2 on 1 rank\(s\) changes the checkpoint's num_envs 8; omit"
     ):
-        rt.resume(single_run(tmp_path), Args(resume=str(tmp_path)))
+        rt.load_run(single_run(tmp_path), Args(resume=str(tmp_path)))
 
 
 def test_wandb_continues_the_checkpoints_run(tmp_path, monkeypatch):
@@ -479,24 +554,24 @@ def test_wandb_continues_the_checkpoints_run(tmp_path, monkeypatch):
     monkeypatch.setattr(wandb, "finish", lambda **kw: None)
     monkeypatch.setattr(sys, "argv", ["script"])
     run = single_run(tmp_path, track=True, run_name="tracked")
-    rt.resume(run, run.args)
-    rt.open_run(run, dict(batch_size=10), None)
+    rt.load_run(run, run.args)
+    rt.open_run(run, rt.Sizes(world_size=1, num_envs=1, batch_size=10, num_iterations=100), None)
     rt.save_checkpoint(run, 1, 10, None)
-    rt.finish(run, 10, preempted=False)
+    rt.finish_or_exit_preempted(run, 10, preempted=False)
     again = single_run(tmp_path, track=True, run_name="tracked")
-    _, ckpt = rt.resume(again, again.args)  # the run directory holds a checkpoint: a restart of the same run
-    rt.open_run(again, dict(batch_size=10), ckpt)
-    rt.finish(again, 10, preempted=False)
+    _, ckpt = rt.load_run(again, again.args)  # the run directory holds a checkpoint: a restart of the same run
+    rt.open_run(again, rt.Sizes(world_size=1, num_envs=1, batch_size=10, num_iterations=100), ckpt)
+    rt.finish_or_exit_preempted(again, 10, preempted=False)
     assert [c["id"] for c in calls] == [None, "chosen"] and ckpt["wandb_run_id"] == "chosen"
     assert calls[1]["resume"] == "allow" and calls[1]["config"]["batch_size"] == 10
 
 
 def test_finish_after_a_preemption_exits_75(tmp_path):
     run = single_run(tmp_path)
-    rt.resume(run, run.args)
-    rt.open_run(run, dict(batch_size=10), None)
+    rt.load_run(run, run.args)
+    rt.open_run(run, rt.Sizes(world_size=1, num_envs=1, batch_size=10, num_iterations=100), None)
     with pytest.raises(SystemExit) as stopped:
-        rt.finish(run, 30, preempted=True)
+        rt.finish_or_exit_preempted(run, 30, preempted=True)
     assert stopped.value.code == rt.EXIT_PREEMPTED
 
 
@@ -560,12 +635,14 @@ def test_the_lease_names_a_live_holder_and_passes_to_the_next_once_it_dies(tmp_p
     from cleanrl_ddp import lease
 
     monkeypatch.setattr(lease, "_held", {})
-    holder_code = "import sys; from cleanrl_ddp import lease; lease.take(sys.argv[1], 'L1'); print('held', flush=True)"
+    holder_code = (
+        "import sys; from cleanrl_ddp import lease; lease.take_or_refuse(sys.argv[1], 'L1'); print('held', flush=True)"
+    )
     holder = subprocess.Popen([sys.executable, "-c", holder_code + "; sys.stdin.read()", tmp_path], cwd=REPO,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:
         assert holder.stdout.readline() == "held\n"
-        message = lease.take(str(tmp_path), "L2")
+        message = lease.take_or_refuse(str(tmp_path), "L2")
         holder_text = f"host {socket.gethostname()}, pid {holder.pid}, launch L1"
         assert message.startswith(f"{tmp_path} is in use by a live run ({holder_text}): a second launch")
         assert message.endswith("(nothing was written)")
@@ -577,14 +654,14 @@ def test_the_lease_names_a_live_holder_and_passes_to_the_next_once_it_dies(tmp_p
     finally:
         holder.kill()
         holder.wait()
-    assert lease.take(str(tmp_path), "L2") is None  # the dead holder's lock went with it
+    assert lease.take_or_refuse(str(tmp_path), "L2") is None  # the dead holder's lock went with it
     assert (tmp_path / "lease").read_text() == f"host {socket.gethostname()}, pid {os.getpid()}, launch L2"
-    assert lease.take(str(tmp_path), "L2") is None  # this process holds it already
+    assert lease.take_or_refuse(str(tmp_path), "L2") is None  # this process holds it already
 
     def no_locks(fd, operation):
         raise OSError(errno.ENOSYS, "Function not implemented")
 
     monkeypatch.setattr(lease.fcntl, "lockf", no_locks)
     (tmp_path / "no-locks").mkdir()
-    assert lease.take(str(tmp_path / "no-locks"), "L3") is None
+    assert lease.take_or_refuse(str(tmp_path / "no-locks"), "L3") is None
     assert "warning: no lease on" in capsys.readouterr().err

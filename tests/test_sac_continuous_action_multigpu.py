@@ -22,13 +22,13 @@ def test_sizes_keep_cleanrls_replay_ratio_by_default():
     """One update per iteration: 256 sampled transitions per env step at any world size; the batch grows."""
     for world_size in (1, 2, 8):
         sizes = derive_sizes(Args(), world_size)
-        assert sizes["batch_size"] == 256 * world_size and sizes["local_buffer_size"] == 1000000 // world_size
-        assert sizes["replay_ratio"] == 256 and sizes["updates_per_env_step"] == 1 / world_size
+        assert sizes.batch_size == 256 * world_size and sizes.local_buffer_size == 1000000 // world_size
+        assert sizes.replay_ratio == 256 and sizes.updates_per_env_step == 1 / world_size
     # CleanRL's exact update at 2 ranks: its global batch and one update per global step
     sizes = derive_sizes(Args(local_batch_size=128, updates_per_iteration=2), 2)
-    assert (sizes["batch_size"], sizes["replay_ratio"], sizes["updates_per_env_step"]) == (256, 256, 1)
+    assert (sizes.batch_size, sizes.replay_ratio, sizes.updates_per_env_step) == (256, 256, 1)
     # a share that does not divide is rounded down (the sizes table shows it): the default on 3 ranks
-    assert derive_sizes(Args(), 3)["local_buffer_size"] == 333333
+    assert derive_sizes(Args(), 3).local_buffer_size == 333333
     with pytest.raises(RunError, match="--buffer-size 3 leaves 1 transitions to each of 2 ranks"):
         derive_sizes(Args(buffer_size=3), 2)
     with pytest.raises(RunError, match="--policy-frequency must be at least 1"):

@@ -1,0 +1,21 @@
+"""The exit codes of a run and `RunError`, the error a user can fix. A leaf: it imports nothing of ours, so every
+module (runtime, launch, checkpoint, lease, atari, the scripts) can raise it without an import cycle."""
+
+EXIT_BAD_INPUT = 2
+"""exit code: invalid flags, environment, checkpoint or run directory, or a full disk (nothing was overwritten)"""
+EXIT_DIVERGED = 3
+"""exit code: `--sync-check-every` found replicas whose parameters or optimizer state differ"""
+EXIT_LOST_RANK = 4
+"""exit code: a collective failed: another rank died, stalled past `--dist-timeout`, or the network broke"""
+EXIT_PREEMPTED = 75
+"""exit code: stopped by SIGTERM/SIGUSR1 after saving a checkpoint; relaunch to resume (EX_TEMPFAIL)"""
+EXIT_INTERRUPTED = 130
+"""exit code: a second Ctrl-C stopped the run at once, without a checkpoint (128 + SIGINT)"""
+
+
+class RunError(ValueError):
+    """An error the user can fix; printed as one line by rank 0, then exit with `code`."""
+
+    def __init__(self, message: str, code: int = EXIT_BAD_INPUT):
+        super().__init__(message)
+        self.code = code
