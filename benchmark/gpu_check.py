@@ -69,6 +69,9 @@ FEW_ITERATIONS = {
         3 * 4 * 32,
     ),
     "ppo_continuous_action_multigpu.py": ("--num-steps 64 --num-minibatches 2 --update-epochs 2", 3 * 64),
+    # PQN: the PPO scripts' sizes (3 iterations of 4 x 32 steps, 4 minibatch updates each)
+    "pqn_multigpu.py": ("--local-num-envs 4 --num-steps 32 --num-minibatches 2 --update-epochs 2", 3 * 4 * 32),
+    "pqn_atari_multigpu.py": ("--local-num-envs 4 --num-steps 32 --num-minibatches 2 --update-epochs 2", 3 * 4 * 32),
     # updates from global step 64, one every 4 (48 of them), the target network synced every 64
     "dqn_atari_multigpu.py": (
         "--local-num-envs 4 --buffer-size 512 --learning-starts 64 --train-frequency 4 --local-batch-size 32 "

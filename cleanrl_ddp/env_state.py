@@ -1,6 +1,6 @@
 """Env state as data: what a gymnasium env needs to continue exactly, as tensors and numbers, so that a
 checkpoint loads without unpickling objects. Imported by the scripts that save their envs' state
-(ppo_multigpu.py, ppo_continuous_action_multigpu.py); docs/runtime.md#env-state-as-data describes it.
+(ppo_multigpu.py, pqn_multigpu.py, ppo_continuous_action_multigpu.py); docs/runtime.md#env-state-as-data describes it.
 
 One function pair per env family (classic control, MuJoCo); a family without one falls back to new episodes.
 """

@@ -7,9 +7,9 @@ The checkpoint is loaded as data only (no code in it runs; a pickled file is ref
 name a script module of this package (cleanrl_ddp/<script>.py); the script's `load_agent(ckpt, device)` rebuilds
 its agent, which plays with the script's `make_env` and `eval_action` in cleanrl_ddp/evals.py, as in training,
 with the run's own `Args`. Atari episodes are whole games (all lives), scored with the game's own points. DQN
-plays epsilon-greedily: `--greedy` is epsilon 0, `--sample` the run's `--eval-epsilon`; TD3's actor is
-deterministic: `--sample` adds the run's `--exploration-noise`. Nothing is written into the run that is read:
-videos (`--capture-video`, needs `pip install -e ".[video]"`) go to `--out-dir` (default: a new directory
+and PQN play epsilon-greedily: `--greedy` is epsilon 0, `--sample` the run's `--eval-epsilon` (PQN: `--end-e`);
+TD3's actor is deterministic: `--sample` adds the run's `--exploration-noise`. Nothing is written into the run
+that is read: videos (`--capture-video`, needs `pip install -e ".[video]"`) go to `--out-dir` (default: a new directory
 `evaluate-<run>-step<N>` under the working directory), never over an existing file, and into the run's TensorBoard
 events only with `--log-to-run`. Bad input ends with one line `evaluate: error: ...` and exit code 2.
 """
@@ -93,14 +93,14 @@ def main(argv=None) -> int:
         dest="greedy",
         action="store_true",
         default=None,
-        help="take the likeliest action (DQN: epsilon 0; TD3: the actor's action)",
+        help="take the likeliest action (DQN, PQN: epsilon 0; TD3: the actor's action)",
     )
     policy.add_argument(
         "--sample",
         dest="greedy",
         action="store_false",
-        help="sample actions from the policy (DQN: the run's --eval-epsilon; TD3: the actor's action plus the run's "
-        "--exploration-noise); default: the run's --eval-greedy",
+        help="sample actions from the policy (DQN: the run's --eval-epsilon; PQN: its --end-e; TD3: the actor's action "
+        "plus the run's --exploration-noise); default: the run's --eval-greedy",
     )
     parser.add_argument("--seed", type=int, default=12345, help="seed of the evaluation envs and sampling")
     parser.add_argument("--capture-video", action="store_true", help="record the first episode to --out-dir")

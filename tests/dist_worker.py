@@ -64,6 +64,9 @@ class ScriptSpec:
     dqn: bool = False
     """a DQN script: td_loss with a target network (the script's own class), no --target-kl, no gradient clipping;
     the whole-script runs also record the target network"""
+    pqn: bool = False
+    """a PQN script: its own update_q_network (MSE to Q(lambda) returns, the averaged gradient clipped, RAdam), no
+    target network, no --target-kl"""
     sac: bool = False
     """an off-policy actor-critic script (SAC): its own unit test (`unit_sac`: critics, actor and log_alpha); the
     whole-script runs record every optimizer's final parameters"""
@@ -148,6 +151,26 @@ SCRIPTS = {
             update_rtol=1e-4,
         ),
         ScriptSpec(
+            "pqn_multigpu.py",  # CartPole: 4 observations, 2 actions
+            make_agent=lambda m: m.QNetwork(4, 2),
+            make_obs=lambda n, g: torch.randn(n, 4, generator=g),
+            tiny=["--local-num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "2"],
+            local_batch=32,
+            pqn=True,
+        ),
+        ScriptSpec(
+            "pqn_atari_multigpu.py",  # Breakout: 4 actions; uint8 frame stacks, NCHW
+            make_agent=lambda m: m.QNetwork(4),
+            make_obs=lambda n, g: torch.randint(0, 256, (n, 4, 84, 84), generator=g, dtype=torch.uint8),
+            tiny=["--local-num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "2"],
+            local_batch=32,
+            pqn=True,
+            update_rtol=1e-4,  # RAdam's first steps move a weight by lr x its gradient: small against fp32 rounding
+            # the update and both gradient paths are checked by the unit launch, and the loop's shape by
+            # pqn_multigpu.py's runs (DDP on 2 ranks, flat on 3, and the pinned runs at 1, 2 and 3): one whole run here
+            whole_runs=(("ddp", 2),),
+        ),
+        ScriptSpec(
             "sac_continuous_action_multigpu.py",  # unit: Hopper-v5's 11 observations, 3 actions
             make_agent=lambda m: m.Actor(11, 3, [-1.0] * 3, [1.0] * 3),
             make_obs=lambda n, g: torch.randn(n, 11, generator=g),
@@ -222,13 +245,19 @@ def dqn_batch(mod, spec, agent0, n, g):
     return spec.make_obs(n, g), actions, rewards, spec.make_obs(n, g), terminated
 
 
+def pqn_batch(mod, spec, agent0, n, g):
+    """A PQN global batch: observations, actions, and returns wide enough that every update clips its gradient."""
+    n_actions = agent0.network[-1].out_features
+    return spec.make_obs(n, g), torch.randint(0, n_actions, (n,), generator=g), 30.0 * torch.randn(n, generator=g)
+
+
 def unit_script(script_path: str, rank: int, world_size: int) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     mod = import_script(script_path)
     spec = SCRIPTS[Path(script_path).name]
     args = mod.Args()
-    if not spec.dqn:
+    if not (spec.dqn or spec.pqn):
         assert args.norm_adv, "the equivalence must hold with advantage normalisation on"
 
     # One global batch, the same on every rank; rank r's minibatch k is slice r of global minibatch k.
@@ -237,7 +266,7 @@ def unit_script(script_path: str, rank: int, world_size: int) -> dict:
     local_mb, num_updates = 8, 3
     n = num_updates * world_size * local_mb
     g = torch.Generator().manual_seed(1)
-    batch = (dqn_batch if spec.dqn else ppo_batch)(mod, spec, agent0, n, g)
+    batch = (dqn_batch if spec.dqn else pqn_batch if spec.pqn else ppo_batch)(mod, spec, agent0, n, g)
     # DQN: the target network is the start's online network (as in the script), fixed during these updates
     target_network = copy.deepcopy(agent0)
 
@@ -248,10 +277,12 @@ def unit_script(script_path: str, rank: int, world_size: int) -> dict:
         model = DDP(agent) if distributed and grad_sync == "ddp" else agent
         if spec.dqn:  # the script's optimizer: Adam with its default eps, no gradient clipping
             optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate)
+        elif spec.pqn:  # the script's optimizer: RAdam, as CleanRL's
+            optimizer = torch.optim.RAdam(agent.parameters(), lr=args.learning_rate, foreach=True)
         else:
             optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
         grads = []
-        if not spec.dqn:  # as the script: each minibatch's advantages normalised over its global minibatch, at once
+        if not (spec.dqn or spec.pqn):  # PPO: each minibatch's advantages normalised over its global minibatch
             adv = batch[0].view(num_updates, world_size, local_mb)
             adv = adv[:, rank] if distributed else adv.reshape(num_updates, -1)
             advantages = mod.normalize_advantages(adv, world_size if distributed else 1)
@@ -266,6 +297,12 @@ def unit_script(script_path: str, rank: int, world_size: int) -> dict:
                 run_args, ws = dataclasses.replace(args, grad_sync=grad_sync), world_size if distributed else 1
                 hook = optimizer.register_step_pre_hook(record_grads(grads))
                 mod.update_q_network(data, model, agent, target_network, optimizer, run_args, ws)
+                hook.remove()
+                continue
+            if spec.pqn:  # the script's own update (flat all-reduce, clipping); the gradients its RAdam step sees
+                hook = optimizer.register_step_pre_hook(record_grads(grads))
+                run_args, ws = dataclasses.replace(args, grad_sync=grad_sync), world_size if distributed else 1
+                mod.update_q_network(model, agent, optimizer, *minibatch, run_args, ws)
                 hook.remove()
                 continue
             loss, _ = loss_fn(model, advantages[k], *(t[rows] for t in batch[1:]), args)
@@ -290,6 +327,8 @@ def unit_script(script_path: str, rank: int, world_size: int) -> dict:
         out[f"{grad_sync}_update_rel_err"] = rel_err(params - start, ref_params - start)
         out[f"{grad_sync}_moved"] = float((ref_params - start).norm())
     out["ddp_vs_flat_update_rel_err"] = rel_err(finals["ddp"] - start, finals["flat"] - start)
+    if spec.pqn:  # the updates whose (single-process) gradient was clipped to --max-grad-norm
+        out["clipped_updates"] = sum(abs(float(g.norm()) / args.max_grad_norm - 1) < 1e-4 for g in ref_grads)
     if hasattr(args, "compile") and not spec.dqn:  # --compile (the Atari PPO): its compiled loss against eager
         out |= compiled_vs_eager(lambda *case: (None, dict(agent=run(*case)[1])), ("agent",))
     out["ddp_vs_flat_max_abs_diff"] = float((finals["ddp"] - finals["flat"]).abs().max())
@@ -906,21 +945,23 @@ def observe(outdir: Path, script_path: str, script_args: list, nudge_after_step:
         torch.save(rec, outdir / f"rank{rank}.pt")
 
 
-def pin_sampling_and_minibatches(script_args: list) -> None:
-    """Make a PPO run at world size G (one env per rank) and one process with G envs draw the same numbers.
+def pin_sampling_and_minibatches(script_path: str, script_args: list) -> None:
+    """Make runs of G global envs draw the same numbers at every world size W (G / W envs per rank).
 
-    Action noise: `Normal.rsample` (the script's sampler) returns loc + scale * z, with z for (the call's index,
-    the global env) from a table, whichever rank steps that env. Minibatches: `torch.randperm` returns, on every
-    rank, the same permutation P of the local batch (one env's steps); at world size 1 with G envs it returns, for
-    each minibatch k, the rows P_k of every env (row s of env g is index s * G + g of the flattened batch), so that
-    each global minibatch holds the same samples in both runs. G comes from the environment variable PINNED_ENVS.
+    Action noise: `Normal.rsample` (the continuous PPO's sampler) returns loc + scale * z, with z for (the call's
+    index, the global env) from a table, whichever rank steps that env; so do PQN's exploration draws, `torch.rand`
+    (explore or not) and `torch.randint` (the random action). Minibatches: `torch.randperm` returns, on every rank,
+    the rows of one permutation P of the rollout's steps, minibatch k holding the rows P_k of every local env (row s
+    of local env e is index s * G / W + e of the flattened batch), so that each global minibatch holds the same
+    samples at every world size. G comes from the environment variable PINNED_ENVS.
     """
     from torch.distributions.normal import Normal
 
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     num_minibatches = int(script_args[script_args.index("--num-minibatches") + 1])
-    calls = {"sample": 0, "randperm": 0}
-    randperm = torch.randperm
+    local_envs = int(os.environ["PINNED_ENVS"]) // world_size
+    calls = {"sample": 0, "randperm": 0, "rand": 0, "randint": 0}
+    randperm, rand, randint = torch.randperm, torch.rand, torch.randint
 
     def table_sample(self, sample_shape=torch.Size()):
         t, n = calls["sample"], self.loc.shape[0]
@@ -933,15 +974,26 @@ def pin_sampling_and_minibatches(script_args: list) -> None:
     def shared_randperm(n, *a, device=None, **kw):
         generator = torch.Generator().manual_seed(calls["randperm"])
         calls["randperm"] += 1
-        if world_size > 1:
-            return randperm(n, generator=generator).to(device)
-        global_envs = int(os.environ["PINNED_ENVS"])
-        p = randperm(n // global_envs, generator=generator)
-        parts = [q * global_envs + g for q in p.chunk(num_minibatches) for g in range(global_envs)]
+        p = randperm(n // local_envs, generator=generator)
+        parts = [q * local_envs + e for q in p.chunk(num_minibatches) for e in range(local_envs)]
         return torch.cat(parts).to(device)
 
-    Normal.rsample = table_sample
-    torch.randperm = shared_randperm
+    def table(name: str, draw):
+        """A draw per local env, from a generator of (the call's index, the global env), as a tensor [local envs]."""
+        t = calls[name]
+        calls[name] += 1
+        seeds = [1_000_003 * t + 7919 * len(name) + rank * local_envs + i for i in range(local_envs)]
+        return torch.cat([draw(torch.Generator().manual_seed(seed)) for seed in seeds])
+
+    def table_rand(size, *a, device=None, **kw):  # PQN: torch.rand(local envs)
+        return table("rand", lambda g: rand(1, generator=g)).to(device)
+
+    def table_randint(low, high, size, *a, device=None, **kw):  # PQN: torch.randint(0, actions, (local envs,))
+        return table("randint", lambda g: randint(low, high, (1,), generator=g)).to(device)
+
+    Normal.rsample, torch.randperm = table_sample, shared_randperm
+    if SCRIPTS[Path(script_path).name].pqn:
+        torch.rand, torch.randint = table_rand, table_randint
 
 
 REAL_EXIT = os._exit
@@ -967,7 +1019,7 @@ if __name__ == "__main__":
             unit(outdir, [script_path, *script_args])
         else:
             if mode == "pinned":
-                pin_sampling_and_minibatches(script_args)
+                pin_sampling_and_minibatches(script_path, script_args)
             observe(outdir, script_path, script_args, nudge_after_step=2 if mode == "diverge" else 0)
     except SystemExit as e:
         leave(e.code)

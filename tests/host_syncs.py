@@ -16,7 +16,9 @@
 - **copies**: host data copied to the training device from pageable memory, i.e. a call whose *device
   argument* is the training device and whose source is host data: `torch.as_tensor`/`torch.tensor` of a
   NumPy array or Python data, `.to(device)` of a host tensor (made as above). Staging buffers made with
-  `pin_memory=` are exempt: their copies are `non_blocking` from page-locked memory on a GPU.
+  `pin_memory=` are exempt: their copies are `non_blocking` from page-locked memory on a GPU. So are tensors
+  made inside `torch.optim`, as its reads: foreach RAdam adds a `torch.tensor(1.0, device="cpu")` to its host
+  step counters, which on the CPU names the training device and on a GPU copies nothing.
 - **shapes**: operations whose output shape depends on the data (the host must read a count):
   `nonzero`, `masked_select`, `unique`, boolean-mask indexing and assignment.
 
@@ -229,7 +231,8 @@ def _patches(rec: _Recorder, device: torch.device):
                     rec.wait("copy")
                 return orig_torch[name](data, *args, **kwargs)
             if target is not None and torch.device(target) == device:
-                rec.wait("copy")
+                if not _in_optimizer(sys._getframe(1)):
+                    rec.wait("copy")
                 return orig_torch[name](data, *args, **kwargs)
             out = orig_torch[name](data, *args, **kwargs)
             rec.host.add(out)

@@ -63,6 +63,12 @@ def main_in_process(monkeypatch, tmp_path):
             "--dist-timeout must be positive (seconds) and at most 31536000",
         ),
         ("ppo_multigpu", ("--run-name", "..", *PPO_TINY), "--run-name must be a plain name"),
+        ("pqn_multigpu", ("--env-id", "Pendulum-v1", *PPO_TINY), "--env-id Pendulum-v1 has a Box action space"),
+        ("pqn_multigpu", ("--env-id", "NoSuchEnv-v9", *PPO_TINY), "unknown --env-id 'NoSuchEnv-v9'"),
+        ("pqn_multigpu", ("--exploration-fraction", 0, *PPO_TINY), "--exploration-fraction must be positive"),
+        ("pqn_multigpu", ("--num-minibatches", 5, *PPO_TINY[:-2]), "does not divide into --num-minibatches"),
+        ("pqn_atari_multigpu", ("--env-id", "CartPole-v1", *PPO_TINY), "unknown --env-id 'CartPole-v1': not an ALE"),
+        ("pqn_atari_multigpu", ("--repeat-action-probability", 2, *PPO_TINY), "--repeat-action-probability must"),
     ],
     ids=[
         "frozenlake",
@@ -71,6 +77,12 @@ def main_in_process(monkeypatch, tmp_path):
         "repeat-action-probability-2",
         "dist-timeout-inf",
         "run-name-dotdot",
+        "pqn-continuous-actions",
+        "pqn-unknown-env",
+        "pqn-exploration-fraction-0",
+        "pqn-indivisible",
+        "pqn-atari-not-a-game",
+        "pqn-atari-repeat-action-probability-2",
     ],
 )
 def test_bad_flag_is_one_line(main_in_process, script, flags, message):

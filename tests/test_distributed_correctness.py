@@ -182,6 +182,8 @@ def test_equivalence_with_single_process(unit, grad_sync):
         assert max(r[f"{grad_sync}_grad_rel_err"]) < 1e-5, r  # averaged gradient of each of 3 minibatches
         # parameter change after 3 Adam steps (gradients clipped in the PPO scripts)
         assert r[f"{grad_sync}_update_rel_err"] < SCRIPTS[r["script"]].update_rtol, r
+        if SCRIPTS[r["script"]].pqn:  # PQN: RAdam; every update's gradient clipped, so the clip saw the averaged one
+            assert r["clipped_updates"] == 3, r
 
 
 # 3b. Equivalence of whole runs: every statistic the iteration merges, not only the update
@@ -217,6 +219,41 @@ def test_whole_run_equivalence_with_single_process(tmp_path):
     for tag in ("charts/episodic_return", "norm/obs_std_mean", "norm/return_std", "losses/value_loss"):
         assert [s for s, _ in two_scalars[tag]] == [s for s, _ in one_scalars[tag]], tag
         assert [v for _, v in two_scalars[tag]] == pytest.approx([v for _, v in one_scalars[tag]], rel=1e-4), tag
+
+
+# 3c. PQN's whole runs: 2 ranks (DDP) and 3 ranks (flat) equal one process with all their envs
+def test_pqn_whole_runs_at_1_2_and_3_ranks_are_the_same_run(tmp_path):
+    """pqn_multigpu.py on CartPole-v1, 6 envs in all, 4 iterations of 16 steps: 1 process x 6 envs, 2 ranks x 3
+    (DDP) and 3 ranks x 2 (--grad-sync flat). With the exploration draws and the minibatches pinned (`pinned` in
+    tests/dist_worker.py) every world size sees the same env data, so everything the iteration computes must agree:
+    epsilon and the learning rate from the global step, each env's Q(lambda) returns on the rank that stepped it, the
+    averaged (then clipped) gradients, and the metrics reduced over all ranks by name."""
+    script = "pqn_multigpu.py"
+    flags = ["--num-steps", 16, "--num-minibatches", 2, "--update-epochs", 2, "--seed", 3]
+    flags += ["--total-timesteps", 4 * 6 * 16, "--checkpoint-every", 0]
+    runs = {}
+    for world_size, grad_sync in ((1, "ddp"), (2, "ddp"), (3, "flat")):
+        out = tmp_path / f"ws{world_size}"
+        args = [*flags, "--local-num-envs", 6 // world_size, "--grad-sync", grad_sync, "--runs-dir", out / "runs"]
+        proc = launch(
+            script, args, nproc=world_size if world_size > 1 else 0, timeout=TIMEOUT,
+            env=dict(PINNED_ENVS="6", OMP_NUM_THREADS="1"), wrapper=[WORKER, "pinned", out],
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        runs[world_size] = load_ranks(out, world_size)[0], read_scalars(only_run_dir(out / "runs"))
+    one, one_scalars = runs[1]
+    moved = (one["final_params"] - one["params_before_first_update"]).norm()
+    assert moved > 0.005 and one["optimizer_steps"] == 4 * 2 * 2
+    assert sum(v for _, v in one_scalars["charts/episodes"]) >= 8  # episodes end: the returns are cut there
+    for world_size in (2, 3):
+        other, scalars = runs[world_size]
+        assert torch.equal(other["params_before_first_update"], one["params_before_first_update"])
+        assert other["optimizer_steps"] == one["optimizer_steps"]
+        assert (other["final_params"] - one["final_params"]).norm() / moved < 1e-5, world_size
+        for tag in ("charts/epsilon", "charts/learning_rate", "charts/episodic_return", "losses/td_loss"):
+            assert [s for s, _ in scalars[tag]] == [s for s, _ in one_scalars[tag]], (world_size, tag)
+            expected = [v for _, v in one_scalars[tag]]
+            assert [v for _, v in scalars[tag]] == pytest.approx(expected, rel=1e-4), (world_size, tag)
 
 
 # 4. Paths agree

@@ -132,15 +132,43 @@ def test_target_return_stops_every_rank_at_the_same_iteration(tmp_path, script):
     assert tensorboard_images(run_dir, "eval/video") == [step, step]  # the run's, and (--log-to-run) evaluate's
 
 
-@pytest.mark.parametrize("script", ["ppo_atari_multigpu", "dqn_atari_multigpu"])
+# PQN: one process, one evaluation with video after the first iteration, then the evaluate command on the checkpoint
+# (Atari: epsilon 1 in training and in the sampled evaluation, --end-e: an untrained greedy net may never FIRE)
+PQN_RUNS = {
+    "pqn_multigpu.py": (["--local-num-envs", 2, "--num-steps", 16, "--num-minibatches", 2], 32, "greedy"),
+    "pqn_atari_multigpu.py": (ATARI_TINY + ["--start-e", 1, "--end-e", 1], 32, "sampled"),
+}
+
+
+@pytest.mark.parametrize("script", PQN_RUNS)
+def test_pqn_evaluation_video_and_evaluate_command(tmp_path, script):
+    flags, step, policy = PQN_RUNS[script]
+    args = [*flags, "--total-timesteps", step, "--eval-every", step, "--eval-episodes", 2, "--capture-video"]
+    proc = launch(script, [*args, "--runs-dir", tmp_path / "runs"], nproc=0, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dir = only_run_dir(tmp_path / "runs")
+    assert [s for s, _ in read_scalars(run_dir)["eval/episodic_return"]] == [step]
+    assert (run_dir / f"videos/eval-step{step}.mp4").stat().st_size > 1000
+    assert tensorboard_images(run_dir, "eval/video") == [step]
+    proc = evaluate(run_dir, "--episodes", 2, "--capture-video", "--out-dir", tmp_path / "evaluation")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    env_id = "BreakoutNoFrameskip-v4" if "atari" in script else "CartPole-v1"
+    assert f"{script[:-3]} {env_id} at global step {step}: return " in proc.stdout, proc.stdout
+    assert f"over 2 {policy} episodes" in proc.stdout, proc.stdout  # the run's own default policy
+    assert (tmp_path / "evaluation" / f"evaluate-step{step}.mp4").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("script", ["ppo_atari_multigpu", "dqn_atari_multigpu", "pqn_atari_multigpu"])
 def test_atari_evaluation_keeps_training_streams_and_records_the_game(tmp_path, script):
     """In-process: evaluation draws from its own seeded streams (the same games twice; the training RNGs
     untouched), and the video holds one grayscale frame per step of env 0's whole game."""
     module = importlib.import_module(f"cleanrl_ddp.{script}")
     if script.startswith("ppo"):  # uniform logits, sampled: an untrained Agent's policy, without its CNN's cost
         net, args = SimpleNamespace(hidden=lambda x: torch.zeros(len(x), 4), actor=lambda h: h), module.Args()
-    else:  # epsilon 1: random actions (and no forward pass); an untrained greedy net may never FIRE
+    elif script.startswith("dqn"):  # epsilon 1: random actions; an untrained greedy net may never FIRE
         net, args = module.QNetwork(4), module.Args(eval_epsilon=1.0)
+    else:  # PQN: the sampled evaluation plays with epsilon --end-e; Q-values without the CNN's cost
+        net, args = lambda x: torch.zeros(len(x), 4), module.Args(end_e=1.0)
     eval_envs = evals.make_envs(module.make_env, args, 1, str(tmp_path / "videos"))
     torch_state, numpy_state = torch.get_rng_state(), np.random.get_state()[1].copy()
     cpu = torch.device("cpu")
@@ -149,8 +177,8 @@ def test_atari_evaluation_keeps_training_streams_and_records_the_game(tmp_path, 
     eval_envs.close()
     assert torch.equal(torch.get_rng_state(), torch_state) and (np.random.get_state()[1] == numpy_state).all()
     assert returns.tolist() == again.tolist() and lengths.tolist() == again_lengths.tolist() and no_video is None
-    # PPO's env autoresets in the same step (the game's last frame is never seen); DQN's in the next one
-    frames = lengths[0] + (0 if script.startswith("ppo") else 1)
+    # PPO's and PQN's envs autoreset in the same step (the game's last frame is never seen); DQN's in the next one
+    frames = lengths[0] + (1 if script.startswith("dqn") else 0)
     assert video["frames"].shape == (frames, 84, 84, 3) and video["frames"].dtype == np.uint8
     assert video["path"] == str(tmp_path / "videos/game.mp4") and (tmp_path / "videos/game.mp4").stat().st_size > 1000
 

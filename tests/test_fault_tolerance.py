@@ -100,6 +100,25 @@ ASYNC = Script(
     local_steps=2 * 4,
     learning_rate=2.5e-4,
 )
+# PQN: the PPO scripts' sizes and their checkpoint and resume lines (classic: envs saved as data, so exact)
+PQN = Script(
+    "pqn_multigpu.py",
+    "CartPole-v1",
+    "Acrobot-v1",
+    PPO.tiny,
+    local_steps=PPO.local_steps,
+    learning_rate=2.5e-4,
+    tags=("losses/td_loss", "charts/epsilon"),
+)
+PQN_ATARI = Script(
+    "pqn_atari_multigpu.py",
+    "BreakoutNoFrameskip-v4",
+    "PongNoFrameskip-v4",
+    ATARI.tiny,
+    local_steps=ATARI.local_steps,
+    learning_rate=2.5e-4,
+    tags=("losses/td_loss", "charts/epsilon"),
+)
 # --checkpoint-every and --log-every count global steps (4 per iteration here): every iteration logs and,
 # under --checkpoint-every 1 or 2, saves; updates start at global step 64 (after a resume, 64 steps later)
 DQN = Script(
@@ -146,8 +165,8 @@ def case(script: Script, *values, name: str = "") -> pytest.param:
 
 
 # The scripts that run SIGTERM and --resume (their own state), and those whose resume is exact (their envs pickle)
-SCRIPTS = [case(PPO), case(CONTINUOUS), case(ATARI), case(ASYNC), case(DQN), case(SAC), case(TD3)]
-EXACT = (PPO, CONTINUOUS)
+SCRIPTS = [case(s) for s in (PPO, CONTINUOUS, ATARI, ASYNC, DQN, SAC, TD3, PQN, PQN_ATARI)]
+EXACT = (PPO, CONTINUOUS, PQN)
 # where a stopped 2-rank run is also resumed (default: one rank); ppo_multigpu resumes on one rank in the
 # elastic and SLURM tests below
 OTHER_WORLD_SIZES = {PPO: (4,)}
@@ -429,7 +448,7 @@ def test_sigterm_then_resume_finishes_and_equals_the_uninterrupted_run(tmp_path,
     if script in EXACT:
         expected = load(only_run_dir(tmp_path / "whole") / "checkpoint.pt")
         assert expected["global_step"] == final["global_step"]
-        for key in ("agent", "optimizer", "rng", "obs_stats", "return_stats"):
+        for key in ("agent", "q_network", "optimizer", "rng", "obs_stats", "return_stats"):
             if key in expected:
                 assert_same_bits(final[key], expected[key], key)
 

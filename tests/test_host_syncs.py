@@ -22,6 +22,8 @@ CONFIGS = {  # script: (local envs, flags); each runs 4 logged steps or more aft
         [*PPO_SMALL, "--local-num-envs", 2, "--num-steps", 16, "--total-timesteps", 128],
     ),
     "ppo_continuous_action_multigpu.py": (1, [*PPO_SMALL, "--num-steps", 32, "--total-timesteps", 128]),
+    "pqn_multigpu.py": (4, [*PPO_SMALL, "--num-steps", 32, "--total-timesteps", 4 * 4 * 32]),
+    "pqn_atari_multigpu.py": (2, [*PPO_SMALL, "--local-num-envs", 2, "--num-steps", 16, "--total-timesteps", 128]),
     "dqn_atari_multigpu.py": (
         1,
         [*OFF_POLICY_SMALL, "--learning-starts", 32, "--train-frequency", 4, "--target-network-frequency", 32]
@@ -39,18 +41,20 @@ CONFIGS = {  # script: (local envs, flags); each runs 4 logged steps or more aft
     ),
 }
 
-# Waits allowed per env step, per update and per logged step. PPO: the actions to the envs (the async script
-# sends each half's actions on their own: 2 per env step), nothing per minibatch, and per logged step the
-# metrics' one read, their copies in rt.all_sum, the preemption vote (and the continuous script's
-# normalisation statistics). DQN, SAC and TD3: the actions (greedy Q-values for DQN) to the envs per env step,
-# nothing per update (samples drawn on the device, or copied from pinned staging; losses summed on the device), and
-# per logged step the metrics' one read, their copies in rt.all_sum and the preemption vote (main at fbecd7e:
-# DQN 2/5/7, SAC 5/15/8, TD3 2/5/8).
+# Waits allowed per env step, per update and per logged step. PPO and PQN: the actions to the envs (the async script
+# sends each half's actions on their own: 2 per env step; PQN's exploration draws stay on the device), nothing per
+# minibatch, and per logged step the metrics' one read, their copies in rt.all_sum, the preemption vote (and the
+# continuous script's normalisation statistics). DQN, SAC and TD3: the actions (greedy Q-values for DQN) to the envs
+# per env step, nothing per update (samples drawn on the device, or copied from pinned staging; losses summed on the
+# device), and per logged step the metrics' one read, their copies in rt.all_sum and the preemption vote (main at
+# fbecd7e: DQN 2/5/7, SAC 5/15/8, TD3 2/5/8).
 BUDGETS = {
     "ppo_multigpu.py": (1, 0, 6),
     "ppo_atari_multigpu.py": (1, 0, 6),
     "ppo_atari_async_multigpu.py": (2, 0, 6),
     "ppo_continuous_action_multigpu.py": (1, 0, 7),
+    "pqn_multigpu.py": (1, 0, 6),
+    "pqn_atari_multigpu.py": (1, 0, 6),
     "dqn_atari_multigpu.py": (1, 0, 7),
     "sac_continuous_action_multigpu.py": (1, 0, 8),
     "td3_continuous_action_multigpu.py": (1, 0, 8),

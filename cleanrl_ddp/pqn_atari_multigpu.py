@@ -1,0 +1,383 @@
+"""PQN (Gallici et al., 2024) on Atari, data-parallel with torch.distributed.
+
+Docs: docs/pqn_atari_multigpu.md. Launch it (all ranks run this same file; more ways in the README):
+
+    python cleanrl_ddp/pqn_atari_multigpu.py                                    # 1 process
+    torchrun --standalone --nproc_per_node=2 cleanrl_ddp/pqn_atari_multigpu.py  # 2 processes, one machine
+
+CleanRL's `pqn_atari_envpool.py`: Q(lambda), a Nature CNN with LayerNorm, no replay, no target network.
+Each rank steps its own `--local-num-envs` games in ALE's C++ vector env and computes their returns;
+gradients are averaged across ranks (DDP, or one flat all-reduce with `--grad-sync flat`), then clipped.
+Run plumbing: runtime.py.
+"""
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.optim as optim
+import tyro
+from ale_py.vector_env import AtariVectorEnv
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from cleanrl_ddp import atari, evals
+from cleanrl_ddp import runtime as rt
+
+SCRIPT = os.path.basename(__file__)[: -len(".py")]
+
+
+@dataclass
+class Args(rt.RunArgs):
+    exp_name: str = SCRIPT
+    """the name of this experiment (part of the run name)"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+
+    # Algorithm specific arguments
+    env_id: str = "BreakoutNoFrameskip-v4"
+    """the Atari game: `BreakoutNoFrameskip-v4`, `ALE/Breakout-v5` or an ALE ROM name such as `breakout`"""
+    repeat_action_probability: Optional[float] = None
+    """sticky actions; default 0.25 for `ALE/*-v5` ids (Machado et al., 2018), else 0.0 (the v4 protocol)"""
+    total_timesteps: int = 10000000
+    """agent steps of the whole run, summed over all ranks (x4 for emulator frames)"""
+    learning_rate: float = 2.5e-4
+    """the learning rate of the optimizer"""
+    local_num_envs: int = 8
+    """the number of parallel game environments on each rank"""
+    num_steps: int = 128
+    """the number of steps each environment runs per rollout"""
+    num_minibatches: int = 4
+    """the number of minibatches per epoch (the same on every rank)"""
+    update_epochs: int = 4
+    """the K epochs to update the Q-network"""
+    anneal_lr: bool = True
+    """toggle learning rate annealing"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    start_e: float = 1
+    """the starting epsilon for exploration"""
+    end_e: float = 0.01
+    """the ending epsilon for exploration"""
+    exploration_fraction: float = 0.10
+    """the fraction of `total-timesteps` it takes from start-e to end-e"""
+    max_grad_norm: float = 10.0
+    """the maximum norm for gradient clipping (of the averaged gradient)"""
+    q_lambda: float = 0.65
+    """the lambda of the Q(lambda) returns"""
+    eval_greedy: bool = False
+    """if toggled, evaluation is greedy; default epsilon --end-e (greedy can stall a game: no FIRE)"""
+    grad_sync: Literal["ddp", "flat"] = "ddp"
+    """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
+
+
+def make_env(env_id: str, num_envs: int, num_threads: int = 1, repeat_action_probability: float = 0.0):
+    """`num_envs` games in ALE's C++ vector env, DeepMind's preprocessing in C++, as ppo_atari_multigpu.py's:
+    a life loss sets `terminated` but the game goes on; rewards unclipped; autoreset within the step."""
+    return AtariVectorEnv(
+        atari.ale_game(env_id),
+        num_envs,
+        num_threads=num_threads,
+        repeat_action_probability=repeat_action_probability,
+        noop_max=30,
+        frameskip=4,
+        maxpool=True,
+        img_height=84,
+        img_width=84,
+        grayscale=True,
+        stack_num=4,
+        use_fire_reset=True,
+        episodic_life=False,  # ALE 0.12's episodic_life restarts the whole game at each life loss
+        life_loss_info=True,
+        reward_clipping=False,
+        max_num_frames_per_episode=108000,
+        autoreset_mode="SameStep",
+    )
+
+
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+# ALGO LOGIC: initialize agent here:
+class QNetwork(nn.Module):
+    """The Nature CNN with LayerNorm after each layer (per-sample statistics: nothing to sync across ranks)."""
+
+    def __init__(self, n_actions: int):
+        super().__init__()
+        self.network = nn.Sequential(
+            layer_init(nn.Conv2d(4, 32, 8, stride=4)),
+            nn.LayerNorm([32, 20, 20]),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+            nn.LayerNorm([64, 9, 9]),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+            nn.LayerNorm([64, 7, 7]),
+            nn.ReLU(),
+            nn.Flatten(),
+            layer_init(nn.Linear(3136, 512)),
+            nn.LayerNorm(512),
+            nn.ReLU(),
+            layer_init(nn.Linear(512, n_actions)),
+        )
+
+    def forward(self, x):
+        return self.network(x / 255.0)  # uint8 frames in: the rollout buffer stays uint8
+
+
+def eval_action(q_network: QNetwork, obs, greedy: bool, generator, args: Args):
+    """Evaluation's actions (cleanrl_ddp/evals.py): epsilon-greedy with --end-e (0 if `greedy`), drawn from
+    `generator`."""
+    q_values = q_network(obs)
+    epsilon = 0.0 if greedy else args.end_e
+    explore = torch.rand(len(obs), generator=generator, device=obs.device) < epsilon
+    random = torch.randint(q_values.shape[1], (len(obs),), generator=generator, device=obs.device)
+    return torch.where(explore, random, q_values.argmax(dim=1))
+
+
+def load_agent(ckpt: dict, device) -> QNetwork:
+    q_network = QNetwork(**ckpt["agent_kwargs"]).to(device)
+    q_network.load_state_dict(ckpt["q_network"])
+    return q_network
+
+
+# ALGO LOGIC: sizes, epsilon, Q(lambda), the update and the gradient all-reduce (pure functions, imported by the tests)
+@dataclass(frozen=True)
+class Sizes(rt.Sizes):
+    local_batch_size: int
+    local_minibatch_size: int
+    minibatch_size: int
+
+
+def derive_sizes(args: Args, world_size: int) -> Sizes:
+    """Global and per-rank sizes from the flags and the world size; raises RunError on bad input."""
+    rt.require_at_least_1(args, "local_num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps")
+    if not args.exploration_fraction > 0:
+        raise rt.RunError(f"--exploration-fraction must be positive, got {args.exploration_fraction}")
+    local_batch_size = args.local_num_envs * args.num_steps
+    if local_batch_size % args.num_minibatches != 0:
+        raise rt.RunError(
+            f"the local batch (--local-num-envs {args.local_num_envs} x --num-steps {args.num_steps} = "
+            f"{local_batch_size}) does not divide into --num-minibatches {args.num_minibatches}"
+        )
+    batch_size = local_batch_size * world_size
+    num_iterations = args.total_timesteps // batch_size
+    if num_iterations < 1:
+        raise rt.RunError(
+            f"--total-timesteps {args.total_timesteps} is smaller than one iteration's global batch "
+            f"({world_size} ranks x {args.local_num_envs} envs x {args.num_steps} steps = {batch_size})"
+        )
+    return Sizes(
+        world_size=world_size,
+        num_envs=args.local_num_envs * world_size,
+        batch_size=batch_size,
+        num_iterations=num_iterations,
+        local_batch_size=local_batch_size,
+        local_minibatch_size=local_batch_size // args.num_minibatches,
+        minibatch_size=batch_size // args.num_minibatches,
+    )
+
+
+def linear_schedule(start_e: float, end_e: float, duration: float, t: int) -> float:
+    slope = (end_e - start_e) / duration
+    return max(slope * t + start_e, end_e)
+
+
+def q_lambda_returns(rewards, values, dones, next_value, next_done, gamma, q_lambda):
+    """Q(lambda) returns of a [num_steps, num_envs] rollout. `values[t]` is max_a Q(obs[t], a); `dones[t]` is 1
+    when `obs[t]` starts an episode (CleanRL's convention), `next_done` likewise after the rollout."""
+    num_steps = rewards.shape[0]
+    returns = torch.zeros_like(rewards)
+    for t in reversed(range(num_steps)):
+        if t == num_steps - 1:
+            returns[t] = rewards[t] + gamma * next_value * (1.0 - next_done)
+        else:
+            nextnonterminal = 1.0 - dones[t + 1]
+            mixed = q_lambda * returns[t + 1] + (1 - q_lambda) * values[t + 1]
+            returns[t] = rewards[t] + gamma * mixed * nextnonterminal
+    return returns
+
+
+def update_q_network(model, q_network, optimizer, obs, actions, returns, args: Args, world_size: int):
+    """One step on this rank's minibatch; `model`: `q_network`, DDP-wrapped under --grad-sync ddp.
+    Returns (TD loss, mean Q of the taken actions), detached."""
+    q_taken = model(obs).gather(1, actions.unsqueeze(1)).squeeze(1)
+    loss = F.mse_loss(q_taken, returns)
+    optimizer.zero_grad(set_to_none=False)
+    loss.backward()
+    if world_size > 1 and args.grad_sync == "flat":
+        all_reduce_gradients_flat(list(q_network.parameters()), world_size)
+    # CRUCIAL: clip the AVERAGED gradient, so that every rank clips the same vector
+    nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm)
+    optimizer.step()
+    return loss.detach(), q_taken.mean().detach()
+
+
+def all_reduce_gradients_flat(params, world_size: int) -> None:
+    """Average gradients across ranks with one all-reduce of one flat buffer (instead of DDP).
+
+    After cswinter's batched scheme (entity-neural-network/incubator#220), used by CleanRL.
+    """
+    if world_size == 1:
+        return
+    grads = [p.grad for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= world_size
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def main() -> None:
+    args = tyro.cli(Args)
+    run = rt.start(args, SCRIPT)
+    args, ckpt = rt.load_run(run, args, required=("q_network", "optimizer", "agent_kwargs"))
+    rank, world_size, device = run.rank, run.world_size, run.device
+    sizes = derive_sizes(args, world_size)
+    start_iteration = ckpt["iteration"] + 1 if ckpt else 1
+    global_step = ckpt["global_step"] if ckpt else 0
+
+    # CRUCIAL: every rank starts from the same weights, but steps its own envs with its own seeds and
+    # explores from its own stream. Env seeds are global env indices (disjoint across ranks).
+    rt.seed_everything(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    n = args.local_num_envs
+    # the env's C++ threads get the rank's share of its cores, as torch's threads do (they alternate)
+    envs = make_env(args.env_id, n, min(torch.get_num_threads(), n), atari.sticky_action_probability(args))
+    n_actions = int(envs.single_action_space.n)
+    agent_kwargs = dict(n_actions=n_actions)  # saved for cleanrl_ddp/evaluate.py
+    q_network = QNetwork(**agent_kwargs).to(device)
+    if world_size > 1:
+        for tensor in q_network.state_dict().values():  # the same start whichever --grad-sync is used
+            dist.broadcast(tensor, src=0)
+    optimizer = optim.RAdam(q_network.parameters(), lr=args.learning_rate, foreach=True)  # CUDA's default, on CPU too
+    rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
+    if ckpt:
+        q_network.load_state_dict(ckpt["q_network"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        rt.resume_rng(run, ckpt, args.seed)
+    model = DDP(q_network) if world_size > 1 and args.grad_sync == "ddp" else q_network
+
+    # ALE's envs cannot be saved: a resumed run seeds them past the seeds earlier attempts used
+    env_seed0 = args.seed + rank * n + (start_iteration - 1) * sizes.num_envs
+    frames, info = envs.reset(seed=env_seed0)
+    prev_lives = info["lives"]
+    episodes = rt.Episodes(n)  # whole games (all lives)
+
+    # ALGO Logic: Storage setup. Frames stay uint8 (the network scales them). Rewards and dones cross to the
+    # device once per rollout (page-locked on CUDA), frames at every step, through a staging buffer of their own.
+    obs_shape = envs.single_observation_space.shape
+    obs = torch.zeros((args.num_steps, n) + obs_shape, dtype=torch.uint8, device=device)
+    actions = torch.zeros((args.num_steps, n), dtype=torch.long, device=device)
+    values = torch.zeros((args.num_steps, n), device=device)
+    host_rewards = torch.zeros((args.num_steps, n), pin_memory=run.on_cuda)
+    host_dones = torch.zeros((args.num_steps + 1, n), pin_memory=run.on_cuda)  # last row: next_done
+    staging = torch.zeros(frames.shape, dtype=torch.uint8, pin_memory=run.on_cuda)
+    next_obs = rt.to_device(frames, device, staging)
+    num_iterations, preempted = sizes.num_iterations, False
+    duration = args.exploration_fraction * args.total_timesteps
+    rt.open_run(run, sizes, ckpt)
+
+    for iteration in range(start_iteration, num_iterations + 1):
+        rollout_start = time.perf_counter()
+        if args.anneal_lr:
+            frac = 1.0 - (iteration - 1.0) / num_iterations
+            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+
+        host_dones[0] = host_dones[-1]
+        for step in range(args.num_steps):
+            global_step += sizes.num_envs  # global: all ranks step at once
+            obs[step] = next_obs  # a copy: `staging` is reused below
+
+            # ALGO LOGIC: epsilon from the GLOBAL step; the draws from the rank's own stream, on the device
+            # (the unwrapped network: inference must not go through DDP)
+            epsilon = linear_schedule(args.start_e, args.end_e, duration, global_step)
+            random_actions = torch.randint(0, n_actions, (n,), device=device)
+            with torch.no_grad():
+                values[step], max_actions = q_network(next_obs).max(dim=1)
+            explore = torch.rand(n, device=device) < epsilon
+            actions[step] = action = torch.where(explore, random_actions, max_actions)
+
+            # TRY NOT TO MODIFY: execute the game and log data.
+            frames, reward, terminations, truncations, info = envs.step(action.cpu().numpy())
+            # a life loss ends the episode for learning (no bootstrapping through it, as in DeepMind's
+            # protocol); only a game over ends the logged episode, whose return is the game's score
+            host_dones[step + 1] = torch.from_numpy(terminations | truncations)
+            host_rewards[step] = torch.from_numpy(atari.clip_reward(reward))
+            episodes.step(reward, atari.game_over(terminations, truncations, info["lives"], prev_lives))
+            prev_lives = info["lives"]
+            next_obs = rt.to_device(frames, device, staging)
+
+        rewards = host_rewards.to(device, non_blocking=run.on_cuda)
+        all_dones = host_dones.to(device, non_blocking=run.on_cuda)
+        dones, next_done = all_dones[:-1], all_dones[-1]
+
+        update_start = time.perf_counter()
+        # ALGO LOGIC: Q(lambda) returns of this rank's own envs (the rank that stepped them)
+        with torch.no_grad():
+            next_value = q_network(next_obs).max(dim=1).values
+            returns = q_lambda_returns(rewards, values, dones, next_value, next_done, args.gamma, args.q_lambda)
+
+        # flatten the batch
+        b_obs = obs.reshape((-1,) + obs_shape)
+        b_actions = actions.reshape(-1)
+        b_returns = returns.reshape(-1)
+
+        # Optimizing the Q-network (the same minibatches, so the same all-reduces, on every rank)
+        td_loss, q_values, num_updates = 0.0, 0.0, 0
+        for _epoch in range(args.update_epochs):
+            b_inds = torch.randperm(sizes.local_batch_size, device=device).view(-1, sizes.local_minibatch_size)
+            for mb_inds in b_inds:
+                loss, q_mean = update_q_network(
+                    model,
+                    q_network,
+                    optimizer,
+                    obs=b_obs[mb_inds],
+                    actions=b_actions[mb_inds],
+                    returns=b_returns[mb_inds],
+                    args=args,
+                    world_size=world_size,
+                )
+                td_loss, q_values, num_updates = td_loss + loss, q_values + q_mean, num_updates + 1
+        update_seconds = time.perf_counter() - update_start
+
+        # metrics of ALL ranks, by name in one all-reduce: losses averaged, whole games summed
+        n_all = num_updates * world_size
+        m = rt.all_sum(run, {"losses/td_loss": td_loss / n_all, "losses/q_values": q_values / n_all} | episodes.take())
+        scalars = {
+            "charts/learning_rate": optimizer.param_groups[0]["lr"],
+            "charts/epsilon": epsilon,
+            **{k: v for k, v in m.items() if k.startswith("losses/")},
+            # rank 0's wall time, waits for other ranks included
+            "perf/rollout_seconds": update_start - rollout_start,
+            "perf/update_seconds": update_seconds,
+        }
+        rt.log(run, global_step, scalars, m)
+        if args.sync_check_every and iteration % args.sync_check_every == 0:
+            rt.check_replicas_in_sync(f"iteration {iteration}", world_size, q_network, optimizer)
+        reached = evals.evaluate(run, q_network, eval_action, make_env, global_step - sizes.batch_size, global_step)
+
+        preempted = rt.preempted(run)  # a SIGTERM/SIGUSR1 on any rank stops every rank here
+        last = iteration == num_iterations or preempted or reached
+        if last or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
+            state = dict(q_network=q_network.state_dict(), agent_kwargs=agent_kwargs, optimizer=optimizer.state_dict())
+            rt.save_checkpoint(run, iteration, global_step, None, **state)  # no rank_state: no env state
+        if preempted or reached:
+            break
+
+    rt.finish_or_exit_preempted(run, global_step, preempted, envs)
+
+
+if __name__ == "__main__":
+    with rt.exit_codes(SCRIPT):
+        main()
