@@ -73,11 +73,18 @@ def finish(proc: subprocess.Popen, timeout: float) -> subprocess.CompletedProces
 
 
 def child_pids(pid: int) -> list[int]:
-    """The direct children of process `pid` (torchrun's workers, in local-rank order)."""
+    """The direct children of process `pid`; torchrun's workers in local-rank order, read from the LOCAL_RANK that
+    each one started with (process ids do not grow with the rank once the kernel's counter wraps around)."""
     children = []
     for task in Path(f"/proc/{pid}/task").iterdir():
         children += [int(c) for c in (task / "children").read_text().split()]
-    return sorted(children)
+
+    def local_rank(child: int) -> tuple[int, int]:
+        environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+        ranks = [int(v.split(b"=", 1)[1]) for v in environ if v.startswith(b"LOCAL_RANK=")]
+        return (ranks[0] if ranks else -1, child)
+
+    return sorted(children, key=local_rank)
 
 
 def wait_until(condition, timeout: float, proc: subprocess.Popen | None = None, what: str = "condition") -> None:

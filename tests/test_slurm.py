@@ -53,15 +53,19 @@ class Cluster:
         return dict(re.findall(r"(\w+)=(\S*)", self.run("scontrol", "show", "job", "-o", str(job_id))))
 
     def wait_for(self, job_id: int, condition, timeout: float, log: Path | None = None, what="") -> dict:
-        """Poll the job until `condition(job dict)`; fail after `timeout` s with the job and its log."""
-        deadline = time.monotonic() + timeout
+        """Poll the job until `condition(job dict)`; fail after `timeout` s with the job, the states it went through
+        and its log."""
+        deadline, seen = time.monotonic() + timeout, []
         while True:
             job = self.job(job_id)
             if condition(job):
                 return job
+            state = "/".join(job.get(k, "?") for k in ("JobState", "Reason", "Restarts"))
+            seen += [state] if state not in seen[-1:] else []
             if time.monotonic() > deadline:
                 text = log.read_text() if log is not None and log.exists() else ""
-                raise AssertionError(f"job {job_id}: no {what} within {timeout} s: {job}\n{text}")
+                went = " -> ".join(seen)
+                raise AssertionError(f"job {job_id}: no {what} within {timeout} s ({went}): {job}\n{text}")
             time.sleep(0.2)
 
     def cancel_all(self, timeout: float = 60) -> None:
@@ -339,10 +343,12 @@ def test_scancel_signal_usr1_full_saves_and_requeues(cluster, tmp_path):
     job_id, log, runs = submit_requeue(cluster, tmp_path, 10_000)
     wait_for_checkpoint(cluster, job_id, log, runs)
     cluster.run("scancel", "--signal=USR1", "--full", str(job_id))
-    job = cluster.wait_for(job_id, lambda j: j["JobState"] == "PENDING", 120, log, "requeue")
+    # the requeue makes the job PENDING at once, and the next scheduling pass gives it the reason BeginTime (held
+    # until the old attempt's credential expires): wait for the whole state, not the first poll that sees PENDING
+    requeued = lambda j: (j["JobState"], j["Reason"], j["Restarts"]) == ("PENDING", "BeginTime", "1")
+    cluster.wait_for(job_id, requeued, 120, log, "requeue (PENDING, Reason=BeginTime, Restarts=1)")
     cluster.run("scancel", str(job_id))  # a pending job: cancelled at once
     text = log.read_text()
-    assert job["Reason"] == "BeginTime" and job["Restarts"] == "1", job
     assert "batch script: SIGUSR1, passed on to the tasks" in text, text
     assert f"preempted (exit 75): checkpoint saved, requeueing job {job_id}" in text, text
     assert "preempted by a signal at global step" in text, text
