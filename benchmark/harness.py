@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmark.events import read_scalar_events
+from benchmark.versions import package_versions, versions_line
 
 RETURN_TAG = "charts/episodic_return"
 EPISODES_TAG = "charts/episodes"  # how many episodes each logged return is the mean of
@@ -96,6 +97,7 @@ def execute(run: dict, runs_dir: str, extra: list[str], timeout: float | None) -
             wall_time_s=wall,
             finished=time.strftime("%Y-%m-%d %H:%M:%S"),
             machine=f"{platform.node()} ({os.cpu_count()} CPUs, {platform.machine()})",
+            versions=package_versions(),  # of this environment, which ran the command
         )
         (Path(runs_dir) / run["name"] / DONE_FILE).write_text(json.dumps(record, indent=1))
     return dict(run, returncode=proc.returncode, wall_time_s=wall, log=str(log_path))
@@ -317,9 +319,21 @@ def markdown_table(rows, runs_dir, published: dict) -> str:
     shown = {key[:2] for key in returns}
     sources = sorted({f"{r['label']}: {r['source']}" for key, r in published.items() if key in shown})
     lines += ["", *(f"Published: {source}." for source in sources)] if sources else []
-    lines += ["", f"Machine: {', '.join(machines)}. Finished: {max(m['finished'] for m in meta.values())}.", ""]
+    lines += ["", f"Machine: {', '.join(machines)}. Finished: {max(m['finished'] for m in meta.values())}."]
+    lines += ["", packages_line(meta.values()), ""]
     lines += ["Commands:", "", "```bash", *commands, "```", ""]
     return "\n".join(lines)
+
+
+def packages_line(metas) -> str:
+    """The package versions the runs ran with (harness.json's `versions`), each distinct set once with its run count."""
+    sets = defaultdict(int)
+    for m in metas:
+        line = versions_line(m["versions"]) if "versions" in m else "not recorded (runs before the harness kept them)"
+        sets[line] += 1
+    if len(sets) == 1:
+        return f"Packages: {next(iter(sets))}."
+    return "Packages: " + "; ".join(f"{line} ({n} runs)" for line, n in sorted(sets.items())) + "."
 
 
 def cmd_report(args) -> int:

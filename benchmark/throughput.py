@@ -48,6 +48,7 @@ import numpy as np
 
 from benchmark.events import read_scalar_events
 from benchmark.harness import portable, rank_threads, run_command
+from benchmark.versions import package_versions, versions_line
 
 SPS_TAG = "charts/SPS"
 CEILING = "env-only ceiling (random actions)"
@@ -278,9 +279,10 @@ def main(argv=None) -> int:
     sizes = dict(local_num_envs=args.local_num_envs, num_steps=args.num_steps, extra=args.extra)
 
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
-    machine = f"{platform.node()}, {len(os.sched_getaffinity(0))} cores ({cpu}), torch {torch_version()}"
+    machine = f"{platform.node()}, {len(os.sched_getaffinity(0))} cores ({cpu})"
     header = [
         f"# {args.script} on {args.env_id}, {args.local_num_envs} envs per rank: {machine}",
+        f"# packages: {versions_line(package_versions())}",
         f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {args.iterations} iterations per run, steady rate "
         f"after {args.warmup} logged; median of {args.repeats}",
     ]
@@ -359,12 +361,6 @@ def profile_configuration(args, variants, ws: int, cores, rows: list[dict]) -> l
         profiles[-1] |= result
         print(f"  ws={ws} {Path(script).name}: profiled rank {result['sps']:.0f} steps/s", flush=True)
     return profiles
-
-
-def torch_version() -> str:
-    import torch
-
-    return torch.__version__
 
 
 if __name__ == "__main__":

@@ -6,10 +6,12 @@ import json
 import os
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from helpers import REPO, script_path
 
 from benchmark import harness
@@ -29,6 +31,8 @@ def test_harness_runs_skips_and_reports(tmp_path, capsys):
     meta = json.loads((runs / names[-1] / "harness.json").read_text())
     assert "--nproc_per_node=2" in meta["command"] and "--num-steps 16" in meta["command"]
     assert meta["config"] == "ws2-same-batch"
+    # the versions it ran with (this environment's: the command ran with this Python)
+    assert meta["versions"]["torch"] == torch.__version__ and meta["versions"]["ale-py"] == metadata.version("ale-py")
 
     capsys.readouterr()
     assert harness.main([*ws1, *TINY]) == 0  # everything complete: nothing runs again
@@ -58,6 +62,7 @@ def test_harness_runs_skips_and_reports(tmp_path, capsys):
     assert "| ppo_multigpu | CartPole-v1 | ws2-same-batch | 2 | 1 | 512 |" in table
     assert "| 1000000.0 ± 1.0 (Paper X; ours outside ± 2 std) |" in table
     assert "Published: Paper X: its table 2." in table
+    assert f"\nPackages: torch {torch.__version__} (CUDA " in table and f"numpy {np.__version__}, " in table
     commands = [line for line in table.splitlines() if "ppo_multigpu.py " in line]  # as a reader types them
     assert {c.split(" ", 1)[0] for c in commands} == {"python", "torchrun"} and len(commands) == 3
 

@@ -86,6 +86,7 @@ def test_a_tiny_real_run_writes_the_table_and_the_plot(tmp_path):
     sync_share = flat_row.split("|")[7].strip()
     assert sync_share.endswith("%") and 0 <= int(sync_share[:-1]) <= 100, flat_row
     assert "Regenerate: `python -m benchmark.throughput --script cleanrl_ddp/ppo_multigpu.py" in table
+    assert f"\n# packages: torch {torch.__version__} (CUDA " in table and ", gymnasium 1." in table  # what ran
     assert (
         "\n# ws=2 flat: torchrun --standalone --nproc_per_node=2 cleanrl_ddp/ppo_multigpu.py --grad-sync flat" in table
     )

@@ -1,0 +1,42 @@
+"""The versions a measurement ran with, written next to its results (harness reports, throughput tables).
+
+    python -m benchmark.versions     # this environment's line, as the reports print it
+
+Results move with these packages: torch (and the CUDA it was built with) for speed and numerics, gymnasium,
+ale-py and MuJoCo for the environments, numpy for the envs' and the scripts' host-side arithmetic, tensordict
+for the CUDA-graph paths. The locked set that the suite passed with is requirements/lock.txt (docs/runtime.md,
+"Reproducing with the locked packages").
+"""
+
+import platform
+from importlib import metadata
+
+PACKAGES = ("torch", "gymnasium", "ale-py", "mujoco", "numpy", "tensordict")
+
+
+def package_versions() -> dict[str, str]:
+    """{name: version} of Python, CUDA and PACKAGES in this environment ("-" where a package is not installed).
+    torch's is its build (`2.13.0+cpu`), as installed; CUDA's is the toolkit that torch was built with."""
+    found = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = "-"
+    found["cuda"] = "-"
+    if found["torch"] != "-":
+        import torch
+
+        found["cuda"] = torch.version.cuda or "none (CPU build)"
+    return found
+
+
+def versions_line(versions: dict[str, str]) -> str:
+    """`torch 2.13.0+cpu (CUDA none (CPU build)), gymnasium 1.4.0, ...` in PACKAGES' order, then Python."""
+    names = ", ".join(f"{name} {versions.get(name, '?')}" for name in PACKAGES[1:])
+    torch = f"torch {versions.get('torch', '?')} (CUDA {versions.get('cuda', '?')})"
+    return f"{torch}, {names}, Python {versions.get('python', '?')}"
+
+
+if __name__ == "__main__":
+    print(versions_line(package_versions()))
