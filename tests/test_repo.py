@@ -1,4 +1,5 @@
-"""The repository's own promises: lint, the README's test command is CI's, every flag has help."""
+"""The repository's own promises: lint, the README's test command is CI's, the lock keeps pyproject's floors,
+every flag has help."""
 
 import ast
 import os
@@ -24,6 +25,43 @@ def test_ci_runs_exactly_the_readme_test_command():
     readme = (REPO / "README.md").read_text()
     blocks = re.findall(r"```bash\n(.*?)```", readme, re.S)
     assert blocks[1].strip() == ci_command.strip()  # the README's second command is the test command
+
+
+def locked() -> dict:
+    """requirements/lock.txt's pins for this Python and platform: {canonical name: version}."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    pins = {}
+    for line in (REPO / "requirements" / "lock.txt").read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            requirement = Requirement(line)
+            (spec,) = requirement.specifier  # one exact version each
+            assert spec.operator == "==", line
+            if requirement.marker is None or requirement.marker.evaluate():
+                assert canonicalize_name(requirement.name) not in pins, f"{requirement.name} pinned twice here"
+                pins[canonicalize_name(requirement.name)] = spec.version
+    return pins
+
+
+def test_the_lock_keeps_pyprojects_floors_and_the_torch_that_ci_installs():
+    """Every requirement of pyproject.toml, extras included, is pinned in requirements/lock.txt at a version that its
+    floor admits (a lock made before a floor was raised fails here); .ci/run's CPU torch is the locked one."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"].values()
+    pins = locked()
+    for line in [*project["dependencies"], *(r for extra in extras for r in extra)]:
+        requirement = Requirement(line)
+        version = pins.get(canonicalize_name(requirement.name))
+        assert version is not None, f"{requirement.name} is not in requirements/lock.txt: refresh it"
+        assert requirement.specifier.contains(version, prereleases=True), f"{requirement.name}=={version}, not {line}"
+    ci_torch = re.search(r"pip install --quiet torch==(\S+)", (REPO / ".ci/run").read_text()).group(1)
+    assert ci_torch == pins["torch"], (ci_torch, pins["torch"])
+    assert f"torch=={ci_torch}" in (REPO / "requirements" / "pins.in").read_text().splitlines()
 
 
 @pytest.mark.parametrize("script", ALGO_SCRIPTS)
