@@ -85,7 +85,9 @@ class Cluster:
         def ended(job):
             begin = job["StartTime"]  # a pending job's begin time, or "Unknown"
             if job["JobState"] == "PENDING" and begin[:1].isdigit() and datetime.fromisoformat(begin) < datetime.now():
-                self.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+                # a nudge, no more: the scheduler may have started the job since this poll ("Job is no longer
+                # pending execution", exit 1), and otherwise starts it at its next pass
+                self.run("scontrol", "update", f"JobId={job_id}", "StartTime=now", check=False)
             return job["JobState"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
 
         return self.wait_for(job_id, ended, timeout, log, "end")
