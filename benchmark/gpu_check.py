@@ -58,6 +58,7 @@ ATARI = "ppo_atari_multigpu.py"
 SAC = "sac_continuous_action_multigpu.py"
 ENV_ID = "BreakoutNoFrameskip-v4"
 MARKER = "GPU_CHECK_RUN"  # in the environment of every process a check starts: how they are all found and killed
+KILL_SECONDS = 5  # how long SIGKILL may take to end every marked process (then gpu_check names the ones left)
 
 # The few-iteration run of each script at world size 1: its flags and the global step it must end at.
 # A script added to cleanrl_ddp/ gets a row here; without one, its check fails and says so.
@@ -241,10 +242,14 @@ class Check:
         try:
             code = proc.wait(timeout=self.limit(name))
         except subprocess.TimeoutExpired:
-            kill_marked(self.marker, name)
-            proc.wait()
             code = None
-        kill_marked(self.marker, name)  # anything it left behind (a rank of a torchrun that died)
+        left = kill_marked(self.marker, name)  # at the limit; or what it left behind (a rank of a torchrun that died)
+        try:
+            proc.wait(timeout=KILL_SECONDS)  # never wait for ever on a process that did not die
+        except subprocess.TimeoutExpired:
+            left = left or [proc.pid]
+        if left:
+            raise RuntimeError(f"process(es) {left} still running after SIGKILL")
         return code, self.log_path(name).read_text()[len(proc.log_header) :]
 
     def run(self, name: str, cmd: list[str], env=None, cwd=REPO) -> tuple[int | None, str, float]:
@@ -303,18 +308,21 @@ def marked(marker: str, name: str | None = None) -> list[int]:
     return pids
 
 
-def kill_marked(marker: str, name: str | None = None) -> None:
-    """SIGKILL every marked process, again until none is left (one may start another meanwhile)."""
-    for _ in range(100):
+def kill_marked(marker: str, name: str | None = None) -> list[int]:
+    """SIGKILL every marked process, again until none is left (one may start another meanwhile); returns those
+    still there after KILL_SECONDS (none, unless a process cannot die: stuck in a driver call, say)."""
+    deadline = time.monotonic() + KILL_SECONDS
+    while time.monotonic() < deadline:
         pids = marked(marker, name)
         if not pids:
-            return
+            return []
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         time.sleep(0.05)
+    return marked(marker, name)
 
 
 def final_step(run_dir: Path) -> tuple[int, int]:
@@ -812,9 +820,10 @@ def main(argv=None) -> int:
     def stop(signum, frame):
         with c.lock:
             c.stopping = True
-        kill_marked(c.marker)
+        left = kill_marked(c.marker)
         unfinished = ", ".join(sorted(running.values())) or "none"
         line = f"gpu_check: interrupted by {signal.Signals(signum).name} after {time.monotonic() - start:.0f} s"
+        unfinished += f"; still running after SIGKILL: {left}" if left else ""
         with c.lock:
             append(c.summary, f"{line}; unfinished: {unfinished}")
         print(f"{line}; unfinished: {unfinished}", flush=True)

@@ -1,13 +1,17 @@
 """benchmark/gpu_check.py: on this machine (no CUDA) it says so in one line and exits 0; its real checks run end to
 end with `--device cpu` at tiny sizes, one line each in OUT/summary.txt and on stdout; a failing check prints FAIL
-and exits 1; killed partway, it keeps the lines of the checks that finished and leaves no process behind; every
-script of the package has its few-iteration flags."""
+and exits 1; killed partway, or a check at its time limit, it keeps the lines of the checks that finished and leaves
+no process behind, not even one that ignores SIGTERM in a session of its own; every script of the package has its
+few-iteration flags."""
 
+import dataclasses
+import os
 import re
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -71,34 +75,102 @@ def test_the_checks_run_on_the_cpu_one_line_each(tmp_path):
     assert summary[0].startswith("gpu_check --full on cpu: ") and summary[1:] == proc.stdout.splitlines()[1:], summary
 
 
+# A rank hung in a collective: it ignores SIGTERM, SIGHUP and SIGINT, outlives a closed output (SIGPIPE ignored),
+# prints nothing and never ends. Started as `HUNG READY launcher`, it first starts one more of itself in a session of
+# its own, as torchrun starts its ranks; each writes a file named for its pid into READY once its signals are ignored.
+HUNG = """
+import os, signal, subprocess, sys, time
+for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGPIPE):
+    signal.signal(s, signal.SIG_IGN)
+if sys.argv[2:] == ["launcher"]:
+    subprocess.Popen([sys.executable, sys.argv[0], sys.argv[1]], start_new_session=True)
+open(os.path.join(sys.argv[1], str(os.getpid())), "w").close()
+while True:
+    time.sleep(1)
+"""
+# gpu_check with its gloo: and flat: checks each running HUNG (a launcher and its rank) through its own Check.run
+HUNG_CHECKS = """
+import sys
+from benchmark import gpu_check
+hung, ready = sys.argv[1:3]
+def check_hung(c, name):
+    c.run(name, [sys.executable, hung, ready, "launcher"])
+    return gpu_check.Result(name, "FAIL", "the hung processes ended on their own")
+gpu_check.CHECKS |= {kind: lambda c, script, kind=kind: check_hung(c, f"{kind}:{script}") for kind in ("gloo", "flat")}
+sys.exit(gpu_check.main(sys.argv[3:]))
+"""
+
+
+def start_hung(tmp_path) -> tuple[str, Path]:
+    """HUNG's file and its empty READY folder."""
+    hung, ready = tmp_path / "hung.py", tmp_path / "ready"
+    hung.write_text(HUNG)
+    ready.mkdir()
+    return str(hung), ready
+
+
+def ready_pids(ready: Path, count: int, proc=None) -> list[int]:
+    """The pids of the first `count` HUNG processes, once they are ready (while `proc` runs, if given)."""
+    deadline = time.monotonic() + 60
+    while len(list(ready.iterdir())) < count:
+        assert (proc is None or proc.poll() is None) and time.monotonic() < deadline, "the hung processes never started"
+        time.sleep(0.05)
+    return sorted(int(p.name) for p in ready.iterdir())
+
+
+def kill_left(pids: list[int]) -> None:
+    for pid in pids:
+        if alive_process(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_killed_it_keeps_the_finished_checks_and_leaves_no_process(tmp_path):
-    """SIGTERM while two 2-rank checks run (torchrun starts its ranks in sessions of their own): the finished
-    check's line stays in summary.txt, the running checks are named unfinished there, their logs hold what they
-    printed so far, and no process that gpu_check started is left."""
+    """SIGTERM while two checks run, each a launcher and a rank in a session of its own that ignore SIGTERM, SIGHUP
+    and a closed output and print nothing (ranks hung in a collective): the finished check's line stays in
+    summary.txt, the running checks are named unfinished there, and gpu_check's own kill leaves none of them."""
     out = tmp_path / "out"
+    hung, ready = start_hung(tmp_path)
     only = ["nccl-1", "gloo:ppo_atari_multigpu.py", "flat:ppo_atari_multigpu.py"]
-    cmd = [sys.executable, "-m", "benchmark.gpu_check", "--device", "cpu", "--out", str(out), "--only", *only]
+    cmd = [sys.executable, "-c", HUNG_CHECKS, hung, str(ready), "--device", "cpu", "--out", str(out), "--only", *only]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    logs = [out / "logs" / f"{kind}_ppo_atari_multigpu.py.log" for kind in ("gloo", "flat")]
-    deadline = time.monotonic() + 300
-    while not all(log.exists() and "ppo_atari_multigpu: 2 rank(s)" in log.read_text() for log in logs):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
-        time.sleep(0.1)
-    started = gpu_check.marked(str(out.resolve()))
-    assert len(started) >= 6, started  # 2 torchruns and their 4 ranks
-    proc.send_signal(signal.SIGTERM)
-    output = proc.communicate(timeout=60)[0]
-    assert proc.returncode == 128 + signal.SIGTERM, output
-    summary = (out / "summary.txt").read_text().splitlines()
-    assert summary[1] == "skip  nccl-1: NCCL needs CUDA [0 s]", summary
-    assert re.fullmatch(
-        r"gpu_check: interrupted by SIGTERM after \d+ s; unfinished: flat:ppo_atari_multigpu.py, "
-        r"gloo:ppo_atari_multigpu.py",
-        summary[2],
-    ), summary
-    assert len(summary) == 3, summary
-    alive = [pid for pid in started if alive_process(pid)]
-    assert not alive, f"left running: {alive}"
+    hung_pids = ready_pids(ready, 4, proc)  # 2 launchers and their 2 ranks
+    try:
+        assert set(hung_pids) <= set(gpu_check.marked(str(out.resolve()))), "not every hung process is marked"
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=60)[0]
+        assert proc.returncode == 128 + signal.SIGTERM, output
+        summary = (out / "summary.txt").read_text().splitlines()
+        assert summary[1] == "skip  nccl-1: NCCL needs CUDA [0 s]", summary
+        assert re.fullmatch(
+            r"gpu_check: interrupted by SIGTERM after \d+ s; unfinished: flat:ppo_atari_multigpu.py, "
+            r"gloo:ppo_atari_multigpu.py",
+            summary[2],
+        ), summary
+        assert len(summary) == 3, summary
+        assert (out / "logs" / "gloo_ppo_atari_multigpu.py.log").read_text().startswith("$ ")
+        alive = [pid for pid in hung_pids if alive_process(pid)]
+        assert not alive, f"left running: {alive}"
+    finally:  # whatever failed, none of them outlives the test
+        kill_left(hung_pids)
+
+
+def test_a_check_past_its_limit_is_killed_with_every_process_it_started(tmp_path, monkeypatch):
+    """A check's command still running at its time limit (a launcher and its rank, hung as above): it is killed with
+    its rank, and the check fails saying so."""
+    monkeypatch.setenv("PYTHONPATH", "")  # Check() sets it for the commands it runs: restored after the test
+    budget = dataclasses.replace(gpu_check.CPU_BUDGET, timeouts={"script": 1})
+    c = gpu_check.Check("cpu", budget, tmp_path / "out", None)
+    hung, ready = start_hung(tmp_path)
+    proc = c.start("script:hung.py", [sys.executable, hung, str(ready), "launcher"])
+    hung_pids = ready_pids(ready, 2)
+    try:
+        code, out = c.finish("script:hung.py", proc)  # waits its 1 s limit from here
+        assert code is None and out == "", (code, out)
+        assert c.failed("script:hung.py", code, out).figure.startswith("killed at its limit of 1 s: ")
+        alive = [pid for pid in hung_pids if alive_process(pid)]
+        assert not alive, f"left running: {alive}"
+    finally:
+        kill_left(hung_pids)
 
 
 def alive_process(pid: int) -> bool:
