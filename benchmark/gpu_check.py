@@ -1,31 +1,36 @@
 """Check every CUDA path of the scripts on a GPU machine: one line per check (`ok`/`FAIL`/`skip`, its figure, its
 seconds), each written to OUT/summary.txt the moment the check ends.
 
-    python -m benchmark.gpu_check --out /tmp/gpu     # the quick profile: 4.5 minutes on one H200 (2026-11-26)
+    python -m benchmark.gpu_check --out /tmp/gpu     # the quick profile: within --budget (360 s) on one H200
     python -m benchmark.gpu_check --full --out DIR    # every check (about 20-30 minutes)
     python -m benchmark.gpu_check --full --only resume evaluate --out DIR               # some checks again
-    python -m benchmark.gpu_check --cleanrl-script ~/cleanrl/cleanrl/ppo_atari_multigpu.py  # + CleanRL's script
+    python -m benchmark.gpu_check --cleanrl-script benchmark/cleanrl_ppo_atari_multigpu.py \
+        --leanrl-script benchmark/leanrl_ppo_atari.py   # + CleanRL's and LeanRL's (benchmark/device_wheels.sh)
     python -m benchmark.gpu_check --device cpu --out DIR   # the same checks on the CPU at tiny sizes (its CPU test)
 
 The quick profile (the default) answers, in one command that fits a short GPU lease, whether every script works
 and is fast on a GPU, the most important answers first. Its steps run one after another; the checks of one step
 run at the same time (they check correctness, not speed), and a speed measurement always has the machine alone:
 1. `script:<name>`: every `cleanrl_ddp/*_multigpu.py` at world size 1 for a few iterations (`FEW_ITERATIONS`);
-   exit 0, its start line names the device, and its final checkpoint is at the requested global step;
+   exit 0, its start line names the device, and its final checkpoint is at the requested global step; with them
+   `graphs:` for the Atari scripts (`GRAPHS`, issue 41's branch): CUDA graphs against eager;
 2. `gloo:`/`flat:` for the Atari PPO and SAC (2 ranks sharing the GPU through gloo, DDP and `--grad-sync flat`,
    replicas compared every iteration), `nccl-1` (an NCCL process group at world size 1: the collectives the
    scripts make), `sync-debug:` for the Atari PPO (its synchronizing CUDA operations, counted), `compile:` for the
    Atari PPO (2 ranks, DDP, `--compile`: CUDA graphs; torch's log of a graph run without CUDA graphs fails a
    compiled check), `resume` (a 2-rank run stopped by SIGTERM, resumed at world
    size 1 to its exact step) and `evaluate` (a checkpoint trained on the device, on the device and on the CPU);
-3. `compile-speed:` for the Atari PPO, then for SAC: world size 1, eager then `--compile`, both to their exact
-   final step, and the steady SPS of each (compile time excluded);
-4. `throughput`: the Atari PPO's steady SPS at 8 and 64 envs next to the env-only ceiling of the same command
+3. `throughput`: the Atari PPO's steady SPS at 8 and 64 envs next to the env-only ceiling of the same command
    (benchmark/throughput.py), with the update's share of the time; at 8 envs, where one iteration's time goes
-   (benchmark/profile_rollout.py); CleanRL's own script at 8 envs when `--cleanrl-script` points at it.
-`--full` adds `gloo:`, `flat:`, `sync-debug:` for every script, `compile:`/`compile-flat:` for the three scripts
-with `--compile` (`COMPILED`), `compile-speed:` for both, and `nccl-guard` (NCCL with 2 ranks on one GPU stops
-before init with one line), one check at a time. docs/benchmarks.md says what each check means.
+   (benchmark/profile_rollout.py), CleanRL's own script (`--cleanrl-script`) and LeanRL's (`--leanrl-script`);
+4. `graphs-speed:` for the Atari PPO (issue 41's branch), then `env-sweep:8` (ALE's threads and batch size, env
+   only), then `graphs-speed:` and `profile:` for SAC and TD3 (issue 42's branch), each alone.
+A check starts only if its estimated seconds on one H200 (`ESTIMATES`) end within `--budget` (default 360 s for
+the quick profile on CUDA), else it is a `skip` line that says so: as estimated, the off-policy rows of step 4 are
+left for a call of their own (`--only`). `--full` adds `gloo:`, `flat:`, `sync-debug:` for every script,
+`compile:`/`compile-flat:` for the three scripts with `--compile` (`COMPILED`), `compile-speed:` for the Atari PPO
+and SAC, `nccl-guard` (NCCL with 2 ranks on one GPU stops before init with one line) and `env-sweep:64`, one check
+at a time, with no budget. docs/benchmarks.md says what each check means, and the budget's table.
 
 Results survive a kill: each check's output goes to OUT/logs/<check>.log while it runs, and its line is appended
 to OUT/summary.txt as soon as it ends. A check past its time limit is killed with every process it started
@@ -56,8 +61,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 ATARI = "ppo_atari_multigpu.py"
 SAC = "sac_continuous_action_multigpu.py"
+TD3 = "td3_continuous_action_multigpu.py"
 ENV_ID = "BreakoutNoFrameskip-v4"
 MARKER = "GPU_CHECK_RUN"  # in the environment of every process a check starts: how they are all found and killed
+KILL_SECONDS = 5  # how long SIGKILL may take to end every marked process (then gpu_check names the ones left)
 
 # The few-iteration run of each script at world size 1: its flags and the global step it must end at.
 # A script added to cleanrl_ddp/ gets a row here; without one, its check fails and says so.
@@ -93,6 +100,9 @@ NEEDS = {"ppo_continuous_action_multigpu.py": "mujoco"}  # a module beyond `pip 
 COMPILED = ("ppo_atari_multigpu.py", "sac_continuous_action_multigpu.py", "td3_continuous_action_multigpu.py")
 PER_SCRIPT = ("script", "gloo", "flat", "compile", "compile-flat", "compile-speed", "sync-debug")
 SINGLE = ("nccl-1", "nccl-guard", "resume", "evaluate", "throughput")
+# checks of issue 41 and 42 (their own branches): the quick profile lists those that CHECKS holds, in this order
+GRAPHS = (ATARI, "ppo_atari_async_multigpu.py", "pqn_atari_multigpu.py", "dqn_atari_multigpu.py")  # `graphs:`
+OFF_POLICY = (SAC, TD3)  # `graphs-speed:` and `profile:` on HalfCheetah-v5
 
 
 @dataclass(frozen=True)
@@ -109,20 +119,58 @@ class Budget:
     profile_iterations: int  # benchmark/profile_rollout.py's iterations at the first env count, after one warm-up
     speed_runs: dict  # compile-speed: script -> (flags, global step it ends at, logged SPS points skipped as warm-up)
     timeouts: dict  # check kind -> seconds one of its commands may take (then it is killed and fails)
+    cleanrl_iterations: int  # CleanRL's script at the first throughput env count, steady after throughput_warmup
+    leanrl_iterations: int  # LeanRL's prints its speed every 10 iterations after 3 of burn-in: the last is read
+    env_sweep_steps: int  # agent steps timed per setting of `env-sweep:<envs>` (benchmark/throughput.py --env-sweep)
 
 
-# On one H100 (estimated from the Atari PPO's 2,600 SPS at 8 envs on an H100 at ec541cd, 6-10 s to start a process,
-# and a stated 30-60 s for each first inductor compile of a loss until measured): step 1 about 25 s (7 processes at
-# once), step 2 about 90 s (the compiled 2-rank run), step 3 about 80 s (Atari) and 90 s (SAC: three losses),
-# step 4 about 60 s; about 6 minutes in all. Each limit is a few times its estimate, so that a hang costs minutes.
+# ---------------------------------------------------------------------------------------- the quick profile's budget
+# The quick profile fits 6 minutes on one H200 (issue 41). ESTIMATES holds each check's seconds there (by name, else
+# by kind), from the H200's quick profile of 2026-11-26 (main 55bffaa) and, for checks that have not run on a GPU yet,
+# the estimates of the branches that add them; docs/benchmarks.md has the table with the source of each.
+# `--budget` (360 s for the quick profile on CUDA) starts a check only if its estimate ends within the budget; a
+# check that would not is a `skip` line saying so. Each time limit is a few times its estimate, so a hang costs
+# minutes.
+ESTIMATES = {
+    "script": 26,  # 20-26 s each, 9 at once
+    "graphs": 40,  # a few iterations with CUDA graphs and eager, compared (issue 41's estimate)
+    "gloo": 40,  # 31 s (Atari PPO) and 39 s (SAC), beside the other checks of the step
+    "flat": 40,  # 37 and 40 s
+    "compile": 60,  # the compiled 2-rank Atari PPO: 60 s
+    "nccl-1": 17,
+    "sync-debug": 25,
+    "resume": 60,  # 69 s with 60 iterations, 24 now (the signal lands at iteration 2)
+    "evaluate": 25,  # 11 s on cuda + 49 s on the CPU with 16 threads beside 8 checks; one thread now
+    "throughput": 170,  # 138 s alone (14 iterations, 1,000 ceiling steps, CleanRL 14 iterations); shorter now, + LeanRL
+    f"graphs-speed:{ATARI}": 60,  # eager and CUDA graphs at 8 envs (issue 41's estimate)
+    f"graphs-speed:{SAC}": 90,  # HalfCheetah-v5, eager and CUDA graphs (issue 42's estimate)
+    f"graphs-speed:{TD3}": 90,
+    "profile": 40,  # one off-policy env step timed part by part (issue 42's estimate)
+    "env-sweep:8": 15,  # 8 settings of 4,000 agent steps at 3,000-6,000 steps/s, and a process start
+    "env-sweep:64": 35,  # 10 settings of 4,000 steps at 64 envs, each with 64 envs to build
+    f"compile-speed:{ATARI}": 56,
+    f"compile-speed:{SAC}": 85,
+    "nccl-guard": 8,
+}
+QUICK_BUDGET = 360  # seconds: the quick profile's default --budget on CUDA
+
+
+def estimate(name: str) -> float:
+    """A check's estimated seconds on one H200 (ESTIMATES, by name, else by kind; 60 when neither is known)."""
+    return ESTIMATES.get(name, ESTIMATES.get(name.partition(":")[0], 60))
+
+
+# Sizes: the Atari PPO's throughput 10 iterations, steady after 3 (7 iterations timed, 3.4 s at 2,100 SPS and 8 envs);
+# the env-only ceiling 500 vector steps (0.9 s at 4,400 steps/s and 8 envs); CleanRL's script 8 iterations (5 timed,
+# 9 s at 545 SPS); LeanRL's 20 (the last 10 timed).
 GPU_BUDGET = Budget(
     resume_flags="--local-num-envs 4 --num-steps 32 --num-minibatches 2 --update-epochs 1",
-    resume_iterations=60,
+    resume_iterations=24,
     throughput_envs=(8, 64),
-    throughput_iterations=14,
-    throughput_warmup=4,
+    throughput_iterations=10,
+    throughput_warmup=3,
     throughput_num_steps=128,
-    ceiling_steps=1000,
+    ceiling_steps=500,
     profile_iterations=3,
     speed_runs={
         ATARI: ("--local-num-envs 8 --num-steps 128 --total-timesteps 20480", 20480, 4),
@@ -130,7 +178,10 @@ GPU_BUDGET = Budget(
     },
     timeouts={"script": 90, "gloo": 90, "flat": 90, "compile": 240, "compile-flat": 240, "compile-speed": 240}
     | {"nccl-1": 60, "sync-debug": 120, "nccl-guard": 60, "resume": 120, "evaluate": 90, "throughput": 180}
-    | {"cleanrl": 180},
+    | {"cleanrl": 180, "leanrl": 240, "env-sweep": 180},
+    cleanrl_iterations=8,
+    leanrl_iterations=20,
+    env_sweep_steps=4000,
 )
 CPU_BUDGET = Budget(
     resume_flags="--local-num-envs 1 --num-steps 16 --num-minibatches 1 --update-epochs 1",
@@ -145,10 +196,14 @@ CPU_BUDGET = Budget(
         ATARI: ("--local-num-envs 2 --num-steps 16 --total-timesteps 192", 192, 1),
         SAC: ("--env-id Pendulum-v1 --learning-starts 64 --total-timesteps 256 --log-every 32", 256, 2),
     },
-    timeouts=dict.fromkeys((*PER_SCRIPT, *SINGLE, "cleanrl"), 400),  # a busy 2-core CI machine
+    timeouts=dict.fromkeys((*PER_SCRIPT, *SINGLE, "cleanrl", "leanrl", "env-sweep"), 400),  # a busy 2-core CI machine
+    cleanrl_iterations=3,
+    leanrl_iterations=20,
+    env_sweep_steps=64,
 )
 GOALS = {8: 0.85, 64: 0.95}  # share of the env-only ceiling (issue #20); measured, never asserted
 CLEANRL_GOAL = 5.0  # this script's SPS over CleanRL's at CleanRL's configuration
+LEANRL_GOAL = 1.0  # this script's SPS over LeanRL's compile + CUDA-graph script's at 8 envs (issue 41)
 
 
 def scripts() -> list[str]:
@@ -156,25 +211,39 @@ def scripts() -> list[str]:
     return sorted(p.name for p in (REPO / "cleanrl_ddp").glob("*_multigpu.py"))
 
 
+def known(steps: list[list[str]]) -> list[list[str]]:
+    """`steps` without the checks whose kind CHECKS does not hold (yet), and without the steps left empty."""
+    steps = [[name for name in step if name.partition(":")[0] in CHECKS] for step in steps]
+    return [step for step in steps if step]
+
+
 def quick_profile() -> list[list[str]]:
-    """The steps of the quick profile, in order; the checks of a step run at the same time."""
-    return [
-        [f"script:{s}" for s in [ATARI, *[s for s in scripts() if s != ATARI]]],
-        [f"gloo:{ATARI}", f"flat:{ATARI}", f"gloo:{SAC}", f"flat:{SAC}", "nccl-1", f"sync-debug:{ATARI}"]
-        + [f"compile:{ATARI}", "resume", "evaluate"],
-        [f"compile-speed:{ATARI}"],
-        [f"compile-speed:{SAC}"],
-        ["throughput"],
-    ]
+    """The steps of the quick profile, most important first; the checks of a step run at the same time (correctness
+    checks: they may share the GPU), a speed measurement has the machine alone (a step of its own)."""
+    return known(
+        [
+            [f"script:{s}" for s in [ATARI, *[s for s in scripts() if s != ATARI]]] + [f"graphs:{s}" for s in GRAPHS],
+            [f"gloo:{ATARI}", f"flat:{ATARI}", f"gloo:{SAC}", f"flat:{SAC}", "nccl-1", f"sync-debug:{ATARI}"]
+            + [f"compile:{ATARI}", "resume", "evaluate"],
+            ["throughput"],
+            [f"graphs-speed:{ATARI}"],
+            ["env-sweep:8"],
+            *([f"graphs-speed:{s}"] for s in OFF_POLICY),
+            *([f"profile:{s}"] for s in OFF_POLICY),
+        ]
+    )
 
 
 def full_profile() -> list[list[str]]:
     """Every check, one at a time."""
     names = [f"{kind}:{s}" for kind in ("script", "gloo", "flat") for s in scripts()]
+    names += [f"graphs:{s}" for s in GRAPHS]
     names += [f"{kind}:{s}" for s in COMPILED for kind in ("compile", "compile-flat")]
     names += [f"sync-debug:{s}" for s in scripts()] + ["nccl-1"]
     names += [f"compile-speed:{s}" for s in GPU_BUDGET.speed_runs] + ["nccl-guard", "resume", "evaluate", "throughput"]
-    return [[name] for name in names]
+    names += [f"graphs-speed:{s}" for s in (ATARI, *OFF_POLICY)] + [f"profile:{s}" for s in OFF_POLICY]
+    names += [f"env-sweep:{n}" for n in GPU_BUDGET.throughput_envs]
+    return known([[name] for name in names])
 
 
 @dataclass
@@ -192,8 +261,9 @@ class Check:
     """Where the checks run: the device, their budget, the output folder, the runs they share, and every process
     they started (found by the marker in its environment)."""
 
-    def __init__(self, device: str, budget: Budget, out: Path, cleanrl_script: str | None):
+    def __init__(self, device: str, budget: Budget, out: Path, cleanrl_script: str | None, leanrl_script=None):
         self.device, self.budget, self.out, self.cleanrl_script = device, budget, out, cleanrl_script
+        self.leanrl_script = leanrl_script
         self.runs, self.logs, self.summary = out / "runs", out / "logs", out / "summary.txt"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.marker = str(out.resolve())
@@ -241,10 +311,14 @@ class Check:
         try:
             code = proc.wait(timeout=self.limit(name))
         except subprocess.TimeoutExpired:
-            kill_marked(self.marker, name)
-            proc.wait()
             code = None
-        kill_marked(self.marker, name)  # anything it left behind (a rank of a torchrun that died)
+        left = kill_marked(self.marker, name)  # at the limit; or what it left behind (a rank of a torchrun that died)
+        try:
+            proc.wait(timeout=KILL_SECONDS)  # never wait for ever on a process that did not die
+        except subprocess.TimeoutExpired:
+            left = left or [proc.pid]
+        if left:
+            raise RuntimeError(f"process(es) {left} still running after SIGKILL")
         return code, self.log_path(name).read_text()[len(proc.log_header) :]
 
     def run(self, name: str, cmd: list[str], env=None, cwd=REPO) -> tuple[int | None, str, float]:
@@ -303,18 +377,21 @@ def marked(marker: str, name: str | None = None) -> list[int]:
     return pids
 
 
-def kill_marked(marker: str, name: str | None = None) -> None:
-    """SIGKILL every marked process, again until none is left (one may start another meanwhile)."""
-    for _ in range(100):
+def kill_marked(marker: str, name: str | None = None) -> list[int]:
+    """SIGKILL every marked process, again until none is left (one may start another meanwhile); returns those
+    still there after KILL_SECONDS (none, unless a process cannot die: stuck in a driver call, say)."""
+    deadline = time.monotonic() + KILL_SECONDS
+    while time.monotonic() < deadline:
         pids = marked(marker, name)
         if not pids:
-            return
+            return []
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         time.sleep(0.05)
+    return marked(marker, name)
 
 
 def final_step(run_dir: Path) -> tuple[int, int]:
@@ -556,8 +633,8 @@ def check_nccl_guard(c: Check) -> Result:
 
 def check_evaluate(c: Check) -> list[Result]:
     """A checkpoint of the Atari PPO trained on the device (by `script:ppo_atari_multigpu.py`, else by `resume`,
-    else by `script:ppo_atari_multigpu.py` run now), on the device and on the CPU; sampled actions, so that an
-    untrained agent's games end (greedy, it may never press FIRE)."""
+    else by `script:ppo_atari_multigpu.py` run now), on the device and on the CPU (one thread); sampled actions, so
+    that an untrained agent's games end (greedy, it may never press FIRE)."""
     results = []
     if ATARI not in c.trained:
         results.append(timed(check_script, c, ATARI))
@@ -566,7 +643,10 @@ def check_evaluate(c: Check) -> list[Result]:
     for device in dict.fromkeys([c.device, "cpu"]):
         name = f"evaluate on {device}"
         cmd = [sys.executable, "-m", "cleanrl_ddp.evaluate", str(c.trained[ATARI]), "--episodes", "2", "--sample"]
-        code, out, seconds = c.run(name, [*cmd, "--device", device])
+        # on the CPU one thread: a batch of 2 frames gains nothing from more, and beside the other checks of its step
+        # torch's 16 threads made it 49 s instead of about 10 (H200, 2026-11-26; docs/benchmarks.md)
+        env = {**c.env, "OMP_NUM_THREADS": "1"} if device == "cpu" else None
+        code, out, seconds = c.run(name, [*cmd, "--device", device], env=env)
         line = next((line for line in out.splitlines() if " return " in line and "±" in line), None)
         if code != 0 or line is None:
             results.append(c.failed(name, code, out))
@@ -659,6 +739,7 @@ def check_throughput(c: Check) -> list[Result]:
             results.append(Result(f"profile {num_envs} envs", "ok", profile_figure(figures["profile"]), seconds))
         if first:
             results.append(timed(check_cleanrl, c, num_envs, sps))
+            results.append(timed(check_leanrl, c, num_envs, sps))
     return results
 
 
@@ -672,9 +753,9 @@ def profile_figure(profile: dict) -> str:
 
 
 def check_cleanrl(c: Check, num_envs: int, our_sps: float) -> Result:
-    """CleanRL's own ppo_atari_multigpu.py (a checkout, not vendored) at 1 process x `num_envs` envs: it takes
-    no --runs-dir, so it runs in a folder of its own and writes runs/<name> there; `cleanrl_utils` comes from
-    the checkout (PYTHONPATH: the folder above the script's)."""
+    """CleanRL's own ppo_atari_multigpu.py (benchmark/cleanrl_ppo_atari_multigpu.py, ported to gymnasium 1.x, or a
+    checkout's) at 1 process x `num_envs` envs: it takes no --runs-dir, so it runs in a folder of its own and writes
+    runs/<name> there; a checkout's `cleanrl_utils` comes from PYTHONPATH (the folder above the script's)."""
     name = f"cleanrl {num_envs} envs"
     if not c.cleanrl_script:
         return Result(name, "skip", "no --cleanrl-script (or CLEANRL_PPO_ATARI_MULTIGPU): CleanRL's script not run")
@@ -686,7 +767,7 @@ def check_cleanrl(c: Check, num_envs: int, our_sps: float) -> Result:
         return Result(name, "FAIL", f"--cleanrl-script {script}: no such file")
     workdir = c.out / "cleanrl"
     workdir.mkdir(exist_ok=True)
-    total = b.throughput_iterations * num_envs * b.throughput_num_steps
+    total = b.cleanrl_iterations * num_envs * b.throughput_num_steps
     cmd = [sys.executable, str(script), "--env-id", ENV_ID, "--seed", "1", "--local-num-envs", str(num_envs)]
     cmd += ["--num-steps", str(b.throughput_num_steps), "--total-timesteps", str(total)]
     cmd += [] if c.device == "cuda" else ["--no-cuda"]
@@ -705,10 +786,54 @@ def check_cleanrl(c: Check, num_envs: int, our_sps: float) -> Result:
     return Result(name, "ok", f"{figure} (goal {CLEANRL_GOAL:.0f}x: {met})")
 
 
+def check_leanrl(c: Check, num_envs: int, our_sps: float) -> Result:
+    """LeanRL's own PPO Atari script (benchmark/leanrl_ppo_atari.py, ported), `--compile --cudagraphs` on CUDA, at
+    1 process x `num_envs` envs x the throughput's steps: its own steady speed (`speed: N sps`, from iteration 11
+    to 20) next to `our_sps`, the Atari PPO's in the same call (goal: at least LeanRL's). It needs EnvPool (1.2.7:
+    Python >= 3.12) with its Atari ROMs (benchmark/device_wheels.sh); without it, or without --leanrl-script, it is
+    skipped with one line."""
+    import importlib.util
+
+    name = f"leanrl {num_envs} envs"
+    if not c.leanrl_script:
+        return Result(name, "skip", "no --leanrl-script: LeanRL's script not run")
+    if importlib.util.find_spec("envpool") is None:
+        return Result(name, "skip", "no envpool here (EnvPool 1.2.7 needs Python >= 3.12: benchmark/device_wheels.sh)")
+    b, script = c.budget, Path(c.leanrl_script).expanduser().resolve()
+    if not script.is_file():
+        return Result(name, "FAIL", f"--leanrl-script {script}: no such file")
+    workdir = c.out / "leanrl"
+    workdir.mkdir(exist_ok=True)
+    total = b.leanrl_iterations * num_envs * b.throughput_num_steps
+    cmd = [sys.executable, str(script), "--num-envs", str(num_envs), "--num-steps", str(b.throughput_num_steps)]
+    cmd += ["--total-timesteps", str(total)] + (["--compile", "--cudagraphs"] if c.device == "cuda" else ["--no-cuda"])
+    code, out, _ = c.run(name, cmd, cwd=workdir)
+    speeds = re.findall(r"speed: *([\d.]+) sps", out)
+    if code != 0 or not speeds:
+        return c.failed(name, code, out, "" if code != 0 else "no `speed: N sps` in its output")
+    sps, mode = float(speeds[-1]), "--compile --cudagraphs" if c.device == "cuda" else "eager"
+    met = "met" if our_sps >= LEANRL_GOAL * sps else "not met"
+    figure = f"LeanRL's {script.name} ({mode}) {sps:,.0f} SPS; {ATARI} {our_sps / sps:.2f}x of it (goal 1x: {met})"
+    return Result(name, "ok", figure)
+
+
+def check_env_sweep(c: Check, num_envs: str) -> Result:
+    """The env layer alone (issue 41, item 3): `python -m benchmark.throughput --env-sweep N`, the random-action rate
+    of ALE's vector env built by the Atari PPO's make_env for each num_threads and batch_size; its best settings."""
+    name = f"env-sweep:{num_envs}"
+    cmd = [sys.executable, "-m", "benchmark.throughput", "--script", str(REPO / "cleanrl_ddp" / ATARI)]
+    cmd += ["--env-id", ENV_ID, "--env-sweep", num_envs, "--env-sweep-steps", str(c.budget.env_sweep_steps)]
+    code, out, seconds = c.run(name, cmd)
+    best = re.search(r"^env-sweep \d+ envs best: (.*)$", out, re.MULTILINE)
+    if code != 0 or best is None:
+        return c.failed(name, code, out)
+    return Result(name, "ok", best.group(1), seconds)
+
+
 CHECKS = {"script": check_script, "gloo": check_gloo, "flat": check_flat, "compile": check_compile}
 CHECKS |= {"compile-flat": check_compile_flat, "compile-speed": check_compile_speed, "sync-debug": check_sync_debug}
 CHECKS |= {"nccl-1": check_nccl_one, "nccl-guard": check_nccl_guard, "resume": check_resume}
-CHECKS |= {"evaluate": check_evaluate, "throughput": check_throughput}
+CHECKS |= {"evaluate": check_evaluate, "throughput": check_throughput, "env-sweep": check_env_sweep}
 
 
 def timed(check, c: Check, *args) -> Result:
@@ -736,6 +861,19 @@ def run_check(c: Check, name: str) -> None:
         c.report(result)
 
 
+def within_budget(c: Check, step: list[str], budget: float, elapsed: float) -> list[str]:
+    """The checks of `step` whose estimate ends within `budget` seconds (all, when it is 0); each other one is
+    reported as a skip line that says so."""
+    if not budget:
+        return step
+    fits = [name for name in step if elapsed + estimate(name) <= budget]
+    for name in step:
+        if name not in fits:
+            why = f"not started: about {estimate(name):.0f} s would end past the budget of {budget:.0f} s"
+            c.report(Result(name, "skip", f"{why} ({elapsed:.0f} s gone; --budget, --only)"))
+    return fits
+
+
 def machine(device: str) -> str:
     import torch
 
@@ -754,10 +892,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmark.gpu_check",
         description=__doc__.split("\n\n")[0],
-        epilog=f"checks: {', '.join(PER_SCRIPT)} (each as <check>:<script>), {', '.join(SINGLE)}",
+        epilog=f"checks: {', '.join(PER_SCRIPT)} (each as <check>:<script>), {', '.join(SINGLE)}, env-sweep:<envs>",
     )
     profile = parser.add_mutually_exclusive_group()
-    profile.add_argument("--quick", action="store_true", help="the quick profile (the default): 4.5 min on one H200")
+    profile.add_argument(
+        "--quick", action="store_true", help=f"the quick profile (the default): within --budget ({QUICK_BUDGET} s)"
+    )
     profile.add_argument("--full", action="store_true", help="every check, one at a time: about 20-30 minutes")
     parser.add_argument(
         "--device",
@@ -768,8 +908,19 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--cleanrl-script",
         default=os.environ.get("CLEANRL_PPO_ATARI_MULTIGPU"),
-        help="CleanRL's cleanrl/ppo_atari_multigpu.py in a CleanRL checkout, to measure next to ours "
-        "(default: $CLEANRL_PPO_ATARI_MULTIGPU; skipped when neither is set)",
+        help="CleanRL's ppo_atari_multigpu.py to measure next to ours: benchmark/cleanrl_ppo_atari_multigpu.py "
+        "(ported to gymnasium 1.x) or a CleanRL checkout's (default: $CLEANRL_PPO_ATARI_MULTIGPU; else skipped)",
+    )
+    parser.add_argument(
+        "--leanrl-script",
+        help="LeanRL's PPO Atari script ported, benchmark/leanrl_ppo_atari.py, to measure next to ours with --compile "
+        "--cudagraphs (needs EnvPool: benchmark/device_wheels.sh; skipped without it or without this flag)",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        help=f"seconds: a check starts only if its estimate (ESTIMATES) ends within them, else it is a skip line "
+        f"(default: {QUICK_BUDGET} for the quick profile on CUDA, else none; 0: none)",
     )
     parser.add_argument("--only", nargs="+", metavar="CHECK", help="run only these checks of the profile")
     parser.add_argument(
@@ -784,7 +935,7 @@ def main(argv=None) -> int:
     for o in args.only or []:
         if o not in in_profile:
             known = f"{', '.join(PER_SCRIPT)} as <check>:<script> for one of {', '.join(scripts())}"
-            known += f"; {', '.join(SINGLE)}"
+            known += f"; {', '.join(SINGLE)}; env-sweep:<envs>"
             where = "" if args.full or o not in {n for s in full_profile() for n in s} else " (it is in --full)"
             parser.error(f"--only {o}: not a check of this profile{where}; the checks are {known}")
     if args.only:
@@ -800,7 +951,9 @@ def main(argv=None) -> int:
     out = args.out or Path(tempfile.gettempdir()) / "gpu_check" / stamp
     if out.exists() and any(out.iterdir()):  # a run directory there would be resumed, not started
         parser.error(f"--out {out} is not empty")
-    c = Check(args.device, GPU_BUDGET if args.device == "cuda" else CPU_BUDGET, out, args.cleanrl_script)
+    budget = GPU_BUDGET if args.device == "cuda" else CPU_BUDGET
+    c = Check(args.device, budget, out, args.cleanrl_script, args.leanrl_script)
+    seconds = args.budget if args.budget is not None else QUICK_BUDGET if not args.full and args.device == "cuda" else 0
     start = time.monotonic()
     profile_name = "full" if args.full else "quick"
     header = f"gpu_check --{profile_name} on {args.device}: {machine(args.device)}; "
@@ -812,9 +965,10 @@ def main(argv=None) -> int:
     def stop(signum, frame):
         with c.lock:
             c.stopping = True
-        kill_marked(c.marker)
+        left = kill_marked(c.marker)
         unfinished = ", ".join(sorted(running.values())) or "none"
         line = f"gpu_check: interrupted by {signal.Signals(signum).name} after {time.monotonic() - start:.0f} s"
+        unfinished += f"; still running after SIGKILL: {left}" if left else ""
         with c.lock:
             append(c.summary, f"{line}; unfinished: {unfinished}")
         print(f"{line}; unfinished: {unfinished}", flush=True)
@@ -823,6 +977,7 @@ def main(argv=None) -> int:
     handlers = {signum: signal.signal(signum, stop) for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     with ThreadPoolExecutor(max_workers=max(map(len, steps))) as pool:
         for step in steps:
+            step = within_budget(c, step, seconds, time.monotonic() - start)
             running.update({pool.submit(run_check, c, name): name for name in step})
             while running:
                 done, _ = wait(list(running), timeout=0.5, return_when=FIRST_COMPLETED)
@@ -831,8 +986,10 @@ def main(argv=None) -> int:
     for signum, handler in handlers.items():  # as they were (a test calls main() in its own process)
         signal.signal(signum, handler)
     counts = count(c.summary)
+    over = sum(" past the budget of " in line for line in c.summary.read_text().splitlines())
     line = (
-        f"gpu_check: {counts['ok']} ok, {counts['FAIL']} FAIL, {counts['skip']} skipped in "
+        f"gpu_check: {counts['ok']} ok, {counts['FAIL']} FAIL, {counts['skip']} skipped"
+        f"{f' ({over} for the budget of {seconds:.0f} s)' if over else ''} in "
         f"{(time.monotonic() - start) / 60:.1f} min; logs in {c.logs}"
     )
     append(c.summary, line)

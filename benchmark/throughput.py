@@ -22,6 +22,13 @@ actions, one process per rank with the same env count, threads and cores: no net
 It is measured in the same invocation, so a loaded machine depresses both alike, and each row gives
 its share of it.
 
+`--env-sweep 8 64` measures only the env layer: the env-only rate of ALE's `AtariVectorEnv`, built by the
+script's `make_env`, for each `num_threads` (1, 2, 4, ... up to the scripts' own min(envs, cores)) and `batch_size`
+(every env, as the synchronous scripts step them; half, through `send`/`recv` as EnvPool's asynchronous mode), one
+setting after another in one process, and prints the best setting per env count next to the scripts' own:
+
+    python -m benchmark.throughput --env-sweep 8 64 --env-sweep-steps 4000
+
 `--profile` adds, for each world size and each Atari PPO script measured, the time split of one rank's
 iteration (env step, policy step, host<->device copies, bookkeeping, update; benchmark/profile_rollout.py)
 next to that run's SPS and ceiling:
@@ -31,6 +38,7 @@ next to that run's SPS and ceiling:
 """
 
 import argparse
+import functools
 import importlib
 import inspect
 import multiprocessing as mp
@@ -165,6 +173,69 @@ def env_ceiling(script, env_id, world_size, num_envs, steps, cores=None) -> floa
     return sum(s for s, _ in done) / max(t for _, t in done)
 
 
+# The env layer's settings (issue 41, item 3): ALE's AtariVectorEnv threads and batch size, env only
+def env_settings(num_envs: int, cores: int) -> list[tuple[int, int]]:
+    """The (num_threads, batch_size) pairs `--env-sweep` measures at `num_envs` envs: 1, 2, 4, ... threads, up to the
+    scripts' own min(envs, cores); every env at once (`step`, as the synchronous scripts run), then half of them."""
+    most = min(num_envs, cores)  # the scripts' own threads at world size 1
+    threads = sorted({2**k for k in range(8) if 2**k < most} | {most})
+    batches = [num_envs, num_envs // 2] if num_envs > 1 else [num_envs]
+    return [(t, b) for b in batches for t in threads]
+
+
+def env_rate(script, env_id: str, num_envs: int, num_threads: int, batch_size: int, steps: int) -> float:
+    """Random-action agent steps/s of the script's own vector env (its `make_env`) with ALE's `num_threads` and
+    `batch_size`: `send` then `recv` of `batch_size` envs (all of them: `step`; fewer: EnvPool's asynchronous mode,
+    where `recv` returns the first envs ready), 20 warm-up rounds, then `steps` agent steps timed."""
+    module = importlib.import_module(f"cleanrl_ddp.{Path(script).stem}")
+    vector_env = module.AtariVectorEnv
+    module.AtariVectorEnv = functools.partial(vector_env, batch_size=batch_size)  # make_env's settings + the batch
+    try:
+        envs = module.make_env(env_id, num_envs, num_threads)
+    finally:
+        module.AtariVectorEnv = vector_env
+    envs.reset(seed=0)
+    rng, actions = np.random.default_rng(0), envs.single_action_space.n
+    rounds = max(1, steps // batch_size)
+    for i in range(20 + rounds):
+        if i == 20:
+            start = time.perf_counter()
+        envs.send(rng.integers(0, actions, batch_size))
+        envs.recv()
+    rate = rounds * batch_size / (time.perf_counter() - start)
+    envs.close()
+    return rate
+
+
+def env_sweep(script, env_id: str, env_counts, steps: int, cores: int) -> list[dict]:
+    """`env_rate` of every setting of `env_settings` at each env count, one after another in this process."""
+    rows = []
+    for n in env_counts:
+        for threads, batch in env_settings(n, cores):
+            rate = env_rate(script, env_id, n, threads, batch, steps)
+            rows.append(dict(num_envs=n, num_threads=threads, batch_size=batch, sps=rate))
+            print(f"env-sweep {n} envs: num_threads {threads}, batch_size {batch}: {rate:,.0f} steps/s", flush=True)
+    return rows
+
+
+def best_settings(rows: list[dict], cores: int) -> list[str]:
+    """Per env count, one line: the fastest setting; the fastest with every env in each batch (what a synchronous
+    script can use), as a multiple of the scripts' own (min(envs, cores) threads)."""
+    lines = []
+    for n in dict.fromkeys(r["num_envs"] for r in rows):
+        mine = [r for r in rows if r["num_envs"] == n]
+        best = max(mine, key=lambda r: r["sps"])
+        sync = max((r for r in mine if r["batch_size"] == n), key=lambda r: r["sps"])
+        own = next(r for r in mine if r["batch_size"] == n and r["num_threads"] == min(n, cores))
+        lines.append(
+            f"env-sweep {n} envs best: num_threads {best['num_threads']}, batch_size {best['batch_size']}: "
+            f"{best['sps']:,.0f} steps/s; all {n} at once: num_threads {sync['num_threads']}, {sync['sps']:,.0f} "
+            f"steps/s = {sync['sps'] / own['sps']:.2f}x the scripts' num_threads {own['num_threads']} "
+            f"({own['sps']:,.0f})"
+        )
+    return lines
+
+
 def parse_variant(text: str) -> tuple[str, list[str]]:
     name, sep, flags = text.partition("=")
     if not sep or not name:
@@ -272,9 +343,24 @@ def main(argv=None) -> int:
         help="also split one rank's iteration into env step, policy step, copies, update (Atari PPO scripts)",
     )
     parser.add_argument("--profile-iterations", type=int, default=3, help="profiled iterations, after one warm-up")
+    parser.add_argument(
+        "--env-sweep",
+        type=int,
+        nargs="+",
+        metavar="ENVS",
+        help="instead of runs: the env-only rate of ALE's vector env at these env counts for each num_threads and "
+        "batch_size (benchmark.throughput.env_settings), and the best setting of each",
+    )
+    parser.add_argument("--env-sweep-steps", type=int, default=4000, help="agent steps timed per --env-sweep setting")
     parser.add_argument("--out", type=Path, help="also write DIR/throughput.md and DIR/sps_vs_world_size.png")
     parser.add_argument("extra", nargs="*", help="more flags for the script, after `--`")
     args = parser.parse_args(argv)
+    if args.env_sweep:
+        cores = len(os.sched_getaffinity(0))
+        print(f"# {Path(args.script).name}'s make_env, {args.env_id}, random actions, {cores} cores", flush=True)
+        rows = env_sweep(args.script, args.env_id, args.env_sweep, args.env_sweep_steps, cores)
+        print("\n".join(best_settings(rows, cores)))
+        return 0
     variants = args.variant or [("default", [])]
     sizes = dict(local_num_envs=args.local_num_envs, num_steps=args.num_steps, extra=args.extra)
 

@@ -13,8 +13,10 @@ import torch
 from benchmark.profile_rollout import PARTS, is_profilable, profile_iterations
 from benchmark.throughput import (
     CEILING,
+    best_settings,
     ceiling_shares,
     env_ceiling,
+    env_settings,
     main,
     parse_variant,
     rank_cores,
@@ -166,3 +168,15 @@ def test_the_profile_does_not_import_the_throughput_tool():
     assert "benchmark.profile_rollout" in imported("benchmark/throughput.py")
     assert not {"benchmark.throughput", "benchmark.throughput.rank_threads"} & imported("benchmark/profile_rollout.py")
     assert "benchmark.harness.rank_threads" in imported("benchmark/profile_rollout.py")
+
+
+def test_env_sweep_settings_and_the_best_line():
+    """--env-sweep's settings: powers of two up to the scripts' own min(envs, cores) threads, the whole batch then
+    half; its lines name the fastest setting and the fastest whole-batch one against the scripts' threads."""
+    assert env_settings(8, 16) == [(1, 8), (2, 8), (4, 8), (8, 8), (1, 4), (2, 4), (4, 4), (8, 4)]
+    assert [t for t, b in env_settings(64, 12) if b == 64] == [1, 2, 4, 8, 12]
+    rows = [dict(num_envs=8, num_threads=t, batch_size=b, sps=1000.0 * t / (b // 4)) for t, b in env_settings(8, 4)]
+    assert best_settings(rows, 4) == [
+        "env-sweep 8 envs best: num_threads 4, batch_size 4: 4,000 steps/s; all 8 at once: num_threads 4, "
+        "2,000 steps/s = 1.00x the scripts' num_threads 4 (2,000)"
+    ]

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The wheels a GPU machine of this workplace lacks (its image: Python 3.12, torch 2.11, no registry reachable), for
+# gpu_check's quick profile with CleanRL's and LeanRL's rows: downloaded here from PyPI into the repository's .whl/
+# (git-ignored through .git/info/exclude), which a device call carries (`carry: [".whl"]`) and installs there:
+#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+#   export PYTHONPATH=/tmp/site ENVPOOL_ASSETS_PATH=$PWD/.whl/envpool_assets
+# - the scripts' own needs: gymnasium, ale-py, tyro (and docstring-parser, typeguard, farama-notifications);
+#   the MuJoCo extra: mujoco, mujoco-core, mujoco-studio, glfw, pyopengl, websockets;
+# - tensordict 0.14.3 (CUDA graphs; LeanRL's script) and pyvers: its other needs are there or optional;
+# - EnvPool 1.2.7 (LeanRL's envs), trimmed from 64 MB to its Atari env: atari_envpool.so and the Python files, with
+#   only Atari registered; its needs dm-env, dm-tree and optree; the Breakout ROM (from ale-py's wheel) in
+#   .whl/envpool_assets/atari/roms/, where ENVPOOL_ASSETS_PATH points EnvPool.
+# The versions are the ones this repository was tested with here. It prints the size of what a call carries: the
+# repository's files and .whl/ must stay under the 64 MiB of one device call. Run from anywhere in the checkout:
+#   bash benchmark/device_wheels.sh
+set -euo pipefail
+cd "$(git rev-parse --show-toplevel)"
+exclude="$(git rev-parse --git-path info/exclude)"
+grep -qx '/.whl/' "$exclude" 2>/dev/null || echo '/.whl/' >>"$exclude"
+rm -rf .whl && mkdir -p .whl/envpool_assets/atari/roms
+tmp="$(mktemp -d)" && trap 'rm -rf "$tmp"' EXIT
+platforms=()
+for p in manylinux_2_{17,24,27,28,31,34,35}_x86_64 manylinux2014_x86_64 manylinux1_x86_64; do platforms+=(--platform "$p"); done
+download() {
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        "${platforms[@]}" -d "$@" 2>&1 | grep -v '^WARNING: Location' || true
+}
+download .whl gymnasium==1.4.0 ale-py==0.12.1 farama-notifications==0.0.6 \
+    tyro==1.0.17 docstring-parser==0.18.0 typeguard==4.6.1 \
+    mujoco==4.0.0 mujoco-core==4.0.0 mujoco-studio==4.0.0 glfw==2.11.0 pyopengl==3.1.10 websockets==17.4 \
+    tensordict==0.14.3 pyvers==0.2.3 dm-env==1.6 dm-tree==0.1.10 optree==0.20.0
+download "$tmp" envpool==1.2.7
+python3 - "$tmp"/envpool-1.2.7-*.whl .whl/ale_py-0.12.1-*.whl <<'EOF'
+"""EnvPool's wheel with its Atari env alone (a valid wheel: RECORD rewritten), and the Breakout ROM beside it."""
+import base64, hashlib, sys, zipfile
+from pathlib import Path
+
+source, ale = sys.argv[1:3]
+keep = ("envpool/__init__.py", "envpool/entry.py", "envpool/registration.py", "envpool/py.typed", "envpool/python/",
+        "envpool/atari/__init__.py", "envpool/atari/registration.py", "envpool/atari/atari_envpool.so")
+entry = b'"""Entry point for the envs\' registration: Atari only (trimmed by benchmark/device_wheels.sh)."""\n\n'
+entry += b"import envpool.atari.registration  # noqa: F401\n"
+target = Path(".whl") / Path(source).name
+with zipfile.ZipFile(source) as src, zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as out:
+    dist_info = next(n.split("/")[0] for n in src.namelist() if n.endswith(".dist-info/WHEEL"))
+    record = []
+    for name in src.namelist():
+        if not (name.startswith(keep) or name in (f"{dist_info}/{f}" for f in ("METADATA", "WHEEL", "top_level.txt"))):
+            continue
+        data = entry if name == "envpool/entry.py" else src.read(name)
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(data)}")
+        out.writestr(name, data)
+    out.writestr(f"{dist_info}/RECORD", "\n".join([*record, f"{dist_info}/RECORD,,"]) + "\n")
+with zipfile.ZipFile(ale) as wheel:
+    Path(".whl/envpool_assets/atari/roms/breakout.bin").write_bytes(wheel.read("ale_py/roms/breakout.bin"))
+print(f"{target}: {target.stat().st_size / 2**20:.1f} MiB (EnvPool's Atari env alone)")
+EOF
+ls -l .whl
+wheels=$(du -cb .whl | tail -1 | cut -f1)
+tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 du -cb 2>/dev/null | awk '/\ttotal$/ {s += $1} END {print s}')
+total=$((wheels + tree))
+echo "device call: .whl/ $((wheels / 1024 / 1024)) MiB + the repository's files $((tree / 1024 / 1024)) MiB = $((total / 1024 / 1024)) MiB of 64"
+[ "$total" -lt $((64 * 1024 * 1024)) ] || { echo "over the 64 MiB a device call carries" >&2; exit 1; }
