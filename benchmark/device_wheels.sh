@@ -6,11 +6,11 @@
 #   export PYTHONPATH=/tmp/site ENVPOOL_ASSETS_PATH=$PWD/.whl/envpool_assets
 # - the scripts' own needs: gymnasium, ale-py, tyro (and docstring-parser, typeguard, farama-notifications);
 #   the MuJoCo extra: mujoco, mujoco-core, mujoco-studio, glfw, pyopengl, websockets;
-# - tensordict 0.14.3 (CUDA graphs; LeanRL's script) and pyvers: its other needs are there or optional;
+# - tensordict (CUDA graphs; LeanRL's script) and pyvers: its other needs (numpy, cloudpickle) are there;
 # - EnvPool 1.2.7 (LeanRL's envs), trimmed from 64 MB to its Atari env: atari_envpool.so and the Python files, with
 #   only Atari registered; its needs dm-env, dm-tree and optree; the Breakout ROM (from ale-py's wheel) in
 #   .whl/envpool_assets/atari/roms/, where ENVPOOL_ASSETS_PATH points EnvPool.
-# The versions are the ones this repository was tested with here. It prints the size of what a call carries: the
+# The versions of the project's packages are the lock's (requirements/lock.txt), as the CPU suite runs them. It prints the size of what a call carries: the
 # repository's files and .whl/ must stay under the 64 MiB of one device call. Run from anywhere in the checkout:
 #   bash benchmark/device_wheels.sh
 set -euo pipefail
@@ -25,10 +25,10 @@ download() {
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         "${platforms[@]}" -d "$@" 2>&1 | grep -v '^WARNING: Location' || true
 }
-download .whl gymnasium==1.4.0 ale-py==0.12.1 farama-notifications==0.0.6 \
-    tyro==1.0.17 docstring-parser==0.18.0 typeguard==4.6.1 \
-    mujoco==4.0.0 mujoco-core==4.0.0 mujoco-studio==4.0.0 glfw==2.11.0 pyopengl==3.1.10 websockets==17.4 \
-    tensordict==0.14.3 pyvers==0.2.3 dm-env==1.6 dm-tree==0.1.10 optree==0.20.0
+# the suite's versions (requirements/lock.txt, the same for every Python: no marker), and EnvPool's needs
+locked() { for name in "$@"; do grep -E "^$name==[^ ;]+$" requirements/lock.txt || { echo "$name: not in the lock" >&2; exit 1; }; done; }
+download .whl $(locked gymnasium ale-py farama-notifications tyro docstring-parser typeguard \
+    mujoco mujoco-core mujoco-studio glfw pyopengl websockets tensordict pyvers) dm-env==1.6 dm-tree==0.1.10 optree==0.20.0
 download "$tmp" envpool==1.2.7
 python3 - "$tmp"/envpool-1.2.7-*.whl .whl/ale_py-0.12.1-*.whl <<'EOF'
 """EnvPool's wheel with its Atari env alone (a valid wheel: RECORD rewritten), and the Breakout ROM beside it."""
