@@ -142,7 +142,10 @@ def test_profile_mode_puts_the_split_next_to_the_runs_sps_and_ceiling(capsys):
     ceiling_row = next(line for line in lines if line.startswith("| 1 | ") and f"| {CEILING} |" in line).split("|")
     profile_row = next(line for line in lines if line.startswith("| 1 | ppo_atari_multigpu.py | 2 |")).split("|")
     sps, ceiling = float(run_row[4]), float(ceiling_row[4])
-    assert run_row[8].strip() == f"{100 * sps / ceiling:.0f}%"
+    # the share comes from the unrounded rates: any rate within half a step/s of the printed ones may have made it
+    lowest, highest = (sps - 0.5) / (ceiling + 0.5), (sps + 0.5) / (ceiling - 0.5)
+    share = int(run_row[8].strip().rstrip("%"))
+    assert round(100 * lowest) <= share <= round(100 * highest), (run_row, ceiling_row)  # as "{:.0f}" rounds
     assert float(profile_row[5].replace(",", "")) == round(sps) and float(profile_row[6].replace(",", "")) == round(
         ceiling
     )
