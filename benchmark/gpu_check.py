@@ -24,8 +24,9 @@ run at the same time (they check correctness, not speed), and a speed measuremen
    (benchmark/throughput.py), with the update's share of the time; at 8 envs, where one iteration's time goes
    (benchmark/profile_rollout.py); CleanRL's own script at 8 envs when `--cleanrl-script` points at it.
 `--full` adds `gloo:`, `flat:`, `sync-debug:` for every script, `compile:`/`compile-flat:` for the three scripts
-with `--compile` (`COMPILED`), `compile-speed:` for both, and `nccl-guard` (NCCL with 2 ranks on one GPU stops
-before init with one line), one check at a time. docs/benchmarks.md says what each check means.
+with `--compile` (`COMPILED`), `compile-speed:` for both, `nccl-guard` (NCCL with 2 ranks on one GPU stops
+before init with one line), and for SAC and TD3 `profile:` (one env step on HalfCheetah-v5 timed part by part,
+benchmark/profile_offpolicy.py), one check at a time. docs/benchmarks.md says what each check means.
 
 Results survive a kill: each check's output goes to OUT/logs/<check>.log while it runs, and its line is appended
 to OUT/summary.txt as soon as it ends. A check past its time limit is killed with every process it started
@@ -38,6 +39,7 @@ Without CUDA (and without `--device cpu`) it says so in one line and exits 0. Ex
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -56,6 +58,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 ATARI = "ppo_atari_multigpu.py"
 SAC = "sac_continuous_action_multigpu.py"
+TD3 = "td3_continuous_action_multigpu.py"
 ENV_ID = "BreakoutNoFrameskip-v4"
 MARKER = "GPU_CHECK_RUN"  # in the environment of every process a check starts: how they are all found and killed
 
@@ -91,7 +94,7 @@ FEW_ITERATIONS = {
 }
 NEEDS = {"ppo_continuous_action_multigpu.py": "mujoco"}  # a module beyond `pip install -e .`: skipped without it
 COMPILED = ("ppo_atari_multigpu.py", "sac_continuous_action_multigpu.py", "td3_continuous_action_multigpu.py")
-PER_SCRIPT = ("script", "gloo", "flat", "compile", "compile-flat", "compile-speed", "sync-debug")
+PER_SCRIPT = ("script", "gloo", "flat", "compile", "compile-flat", "compile-speed", "sync-debug", "profile")
 SINGLE = ("nccl-1", "nccl-guard", "resume", "evaluate", "throughput")
 
 
@@ -130,7 +133,7 @@ GPU_BUDGET = Budget(
     },
     timeouts={"script": 90, "gloo": 90, "flat": 90, "compile": 240, "compile-flat": 240, "compile-speed": 240}
     | {"nccl-1": 60, "sync-debug": 120, "nccl-guard": 60, "resume": 120, "evaluate": 90, "throughput": 180}
-    | {"cleanrl": 180},
+    | {"cleanrl": 180, "profile": 120},
 )
 CPU_BUDGET = Budget(
     resume_flags="--local-num-envs 1 --num-steps 16 --num-minibatches 1 --update-epochs 1",
@@ -147,6 +150,10 @@ CPU_BUDGET = Budget(
     },
     timeouts=dict.fromkeys((*PER_SCRIPT, *SINGLE, "cleanrl"), 400),  # a busy 2-core CI machine
 )
+# The off-policy scripts' rows (issue 42), by device: benchmark/profile_offpolicy.py's env, env steps with updates
+# before the profiled ones, and profiled env steps
+OFF_POLICY = (SAC, TD3)
+OFF_POLICY_PROFILE = {"cuda": ("HalfCheetah-v5", 50, 500), "cpu": ("Pendulum-v1", 2, 5)}
 GOALS = {8: 0.85, 64: 0.95}  # share of the env-only ceiling (issue #20); measured, never asserted
 CLEANRL_GOAL = 5.0  # this script's SPS over CleanRL's at CleanRL's configuration
 
@@ -174,6 +181,7 @@ def full_profile() -> list[list[str]]:
     names += [f"{kind}:{s}" for s in COMPILED for kind in ("compile", "compile-flat")]
     names += [f"sync-debug:{s}" for s in scripts()] + ["nccl-1"]
     names += [f"compile-speed:{s}" for s in GPU_BUDGET.speed_runs] + ["nccl-guard", "resume", "evaluate", "throughput"]
+    names += [f"profile:{s}" for s in OFF_POLICY]
     return [[name] for name in names]
 
 
@@ -538,6 +546,20 @@ def check_compile_speed(c: Check, script: str) -> Result:
     )
 
 
+def check_profile(c: Check, script: str) -> Result:
+    """benchmark/profile_offpolicy.py: one env step of SAC or TD3 at world size 1, timed part by part."""
+    name = f"profile:{script}"
+    env_id, warmup, steps = OFF_POLICY_PROFILE[c.device]
+    if env_id.endswith("-v5") and importlib.util.find_spec("mujoco") is None:
+        return Result(name, "skip", f"{env_id} needs mujoco (pip install -e '.[mujoco]')")
+    cmd = [sys.executable, "-m", "benchmark.profile_offpolicy", "--script", script, "--env-id", env_id]
+    code, out, seconds = c.run(name, [*cmd, "--warmup", str(warmup), "--steps", str(steps), "--device", c.device])
+    found = re.search(r"^profile: (.*)$", out, re.MULTILINE)
+    if code != 0 or found is None:
+        return c.failed(name, code, out)
+    return Result(name, "ok", found.group(1), seconds)
+
+
 def check_nccl_guard(c: Check) -> Result:
     """NCCL with 2 ranks on one GPU: one line naming --backend gloo, before any process group (on the CPU, with
     --no-cuda: the line that NCCL needs CUDA)."""
@@ -708,7 +730,7 @@ def check_cleanrl(c: Check, num_envs: int, our_sps: float) -> Result:
 CHECKS = {"script": check_script, "gloo": check_gloo, "flat": check_flat, "compile": check_compile}
 CHECKS |= {"compile-flat": check_compile_flat, "compile-speed": check_compile_speed, "sync-debug": check_sync_debug}
 CHECKS |= {"nccl-1": check_nccl_one, "nccl-guard": check_nccl_guard, "resume": check_resume}
-CHECKS |= {"evaluate": check_evaluate, "throughput": check_throughput}
+CHECKS |= {"evaluate": check_evaluate, "throughput": check_throughput, "profile": check_profile}
 
 
 def timed(check, c: Check, *args) -> Result:
