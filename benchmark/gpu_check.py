@@ -94,8 +94,9 @@ FEW_ITERATIONS = {
 }
 NEEDS = {"ppo_continuous_action_multigpu.py": "mujoco"}  # a module beyond `pip install -e .`: skipped without it
 COMPILED = ("ppo_atari_multigpu.py", "sac_continuous_action_multigpu.py", "td3_continuous_action_multigpu.py")
-PER_SCRIPT = ("script", "gloo", "flat", "compile", "compile-flat", "compile-speed", "sync-debug", "profile")
-SINGLE = ("nccl-1", "nccl-guard", "resume", "evaluate", "throughput")
+PER_SCRIPT = ("script", "gloo", "flat", "compile", "compile-flat", "compile-speed", "sync-debug", "profile", "graphs")
+PER_SCRIPT += ("graphs-speed",)
+SINGLE = ("nccl-1", "nccl-guard", "resume", "evaluate", "throughput", "leanrl")
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,7 @@ GPU_BUDGET = Budget(
     },
     timeouts={"script": 90, "gloo": 90, "flat": 90, "compile": 240, "compile-flat": 240, "compile-speed": 240}
     | {"nccl-1": 60, "sync-debug": 120, "nccl-guard": 60, "resume": 120, "evaluate": 90, "throughput": 180}
-    | {"cleanrl": 180, "profile": 120},
+    | {"cleanrl": 180, "profile": 120, "graphs": 120, "graphs-speed": 240, "leanrl": 300},
 )
 CPU_BUDGET = Budget(
     resume_flags="--local-num-envs 1 --num-steps 16 --num-minibatches 1 --update-epochs 1",
@@ -148,12 +149,35 @@ CPU_BUDGET = Budget(
         ATARI: ("--local-num-envs 2 --num-steps 16 --total-timesteps 192", 192, 1),
         SAC: ("--env-id Pendulum-v1 --learning-starts 64 --total-timesteps 256 --log-every 32", 256, 2),
     },
-    timeouts=dict.fromkeys((*PER_SCRIPT, *SINGLE, "cleanrl"), 400),  # a busy 2-core CI machine
+    timeouts=dict.fromkeys((*PER_SCRIPT, *SINGLE, "cleanrl", "leanrl"), 400),  # a busy 2-core CI machine
 )
-# The off-policy scripts' rows (issue 42), by device: benchmark/profile_offpolicy.py's env, env steps with updates
-# before the profiled ones, and profiled env steps
+# The off-policy scripts' rows (issue 42), by device. profile: benchmark/profile_offpolicy.py's env, env steps with
+# updates before the profiled ones, and profiled env steps. graphs-speed: the flags of the runs compared (world size
+# 1, HalfCheetah-v5 on a GPU), the global step they end at, the SPS points skipped (random actions, capture), and the
+# variants (--compile under --cudagraphs: inductor without its own CUDA graphs). graphs: the flags of the runs that
+# --cudagraphs must equal (Pendulum-v1, no MuJoCo needed): at world size 1 and at 2 ranks (gloo, flat).
 OFF_POLICY = (SAC, TD3)
 OFF_POLICY_PROFILE = {"cuda": ("HalfCheetah-v5", 50, 500), "cpu": ("Pendulum-v1", 2, 5)}
+GRAPHS_SPEED = {
+    "cuda": (
+        "--env-id HalfCheetah-v5 --learning-starts 1000 --total-timesteps 3000 --log-every 250",
+        3000,
+        6,
+        ("", "--cudagraphs", "--cudagraphs --compile"),
+    ),
+    "cpu": (
+        "--env-id Pendulum-v1 --learning-starts 32 --local-batch-size 16 --total-timesteps 80 --log-every 8",
+        80,
+        6,
+        ("", "--cudagraphs"),
+    ),
+}
+GRAPHS_EQUAL = {  # 400 critic updates at world size 1, 300 at 2 ranks
+    "cuda": "--env-id Pendulum-v1 --learning-starts 200 --local-batch-size 64 --log-every 100 --total-timesteps",
+    "cpu": "--env-id Pendulum-v1 --learning-starts 32 --local-batch-size 16 --log-every 16 --total-timesteps",
+}
+GRAPHS_TOTAL = {"cuda": {1: 600, 2: 800}, "cpu": {1: 48, 2: 48}}
+EQUAL_RTOL = 1e-5  # the largest relative difference (|a - b| / |b| per tensor) that graphs: calls equal
 GOALS = {8: 0.85, 64: 0.95}  # share of the env-only ceiling (issue #20); measured, never asserted
 CLEANRL_GOAL = 5.0  # this script's SPS over CleanRL's at CleanRL's configuration
 
@@ -181,7 +205,8 @@ def full_profile() -> list[list[str]]:
     names += [f"{kind}:{s}" for s in COMPILED for kind in ("compile", "compile-flat")]
     names += [f"sync-debug:{s}" for s in scripts()] + ["nccl-1"]
     names += [f"compile-speed:{s}" for s in GPU_BUDGET.speed_runs] + ["nccl-guard", "resume", "evaluate", "throughput"]
-    names += [f"profile:{s}" for s in OFF_POLICY]
+    names += [f"{kind}:{s}" for kind in ("profile", "graphs", "graphs-speed") for s in OFF_POLICY]
+    names += ["leanrl"]
     return [[name] for name in names]
 
 
@@ -200,8 +225,10 @@ class Check:
     """Where the checks run: the device, their budget, the output folder, the runs they share, and every process
     they started (found by the marker in its environment)."""
 
-    def __init__(self, device: str, budget: Budget, out: Path, cleanrl_script: str | None):
+    def __init__(self, device: str, budget: Budget, out: Path, cleanrl_script: str | None, leanrl_scripts=None):
         self.device, self.budget, self.out, self.cleanrl_script = device, budget, out, cleanrl_script
+        self.leanrl_scripts = leanrl_scripts or {}  # SAC/TD3 -> LeanRL's script ported (benchmark/leanrl_*.py)
+        self.graphs_sps = {}  # script -> its --cudagraphs steady SPS in graphs-speed:, for the leanrl row
         self.runs, self.logs, self.summary = out / "runs", out / "logs", out / "summary.txt"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.marker = str(out.resolve())
@@ -552,12 +579,164 @@ def check_profile(c: Check, script: str) -> Result:
     env_id, warmup, steps = OFF_POLICY_PROFILE[c.device]
     if env_id.endswith("-v5") and importlib.util.find_spec("mujoco") is None:
         return Result(name, "skip", f"{env_id} needs mujoco (pip install -e '.[mujoco]')")
-    cmd = [sys.executable, "-m", "benchmark.profile_offpolicy", "--script", script, "--env-id", env_id]
-    code, out, seconds = c.run(name, [*cmd, "--warmup", str(warmup), "--steps", str(steps), "--device", c.device])
-    found = re.search(r"^profile: (.*)$", out, re.MULTILINE)
-    if code != 0 or found is None:
-        return c.failed(name, code, out)
-    return Result(name, "ok", found.group(1), seconds)
+    results = []
+    for graphed in (False, True) if c.device == "cuda" else (False,):  # on the CPU --cudagraphs runs eagerly
+        label = f"profile{' --cudagraphs' if graphed else ''}:{script}"
+        cmd = [sys.executable, "-m", "benchmark.profile_offpolicy", "--script", script, "--env-id", env_id]
+        cmd += ["--warmup", str(warmup), "--steps", str(steps), "--device", c.device] + ["--cudagraphs"] * graphed
+        code, out, seconds = c.run(label, cmd)
+        found = re.search(r"^profile: (.*)$", out, re.MULTILINE)
+        results.append(
+            c.failed(label, code, out) if code != 0 or found is None else Result(label, "ok", found.group(1))
+        )
+        results[-1].seconds = seconds
+    return results
+
+
+def check_graphs_speed(c: Check, script: str) -> Result:
+    """`script` at world size 1, eager then --cudagraphs (then with --compile too, on CUDA), in this call: each ends
+    at its exact step; their steady SPS once updates run (the capture excluded) and the ratios to eager."""
+    from benchmark import throughput as tp
+    from benchmark.events import read_scalar_events
+
+    name = f"graphs-speed:{script}"
+    flags, total, warmup, variants = GRAPHS_SPEED[c.device]
+    if "-v5" in flags and importlib.util.find_spec("mujoco") is None:
+        return Result(name, "skip", "HalfCheetah-v5 needs mujoco (pip install -e '.[mujoco]')")
+    figures, eager = [], None
+    for variant in variants:
+        run_name = f"check-graphs-speed-{script.removesuffix('.py')}-{'-'.join(variant.split()) or 'eager'}"
+        cmd = c.command(script, [*shlex.split(flags), *shlex.split(variant), "--seed", 1, *c.device_flags])
+        cmd += ["--runs-dir", str(c.runs), "--run-name", run_name, "--checkpoint-every", "0"]
+        log_name = f"{name} {variant or 'eager'}"
+        code, out, seconds = c.run(log_name, cmd, env={**c.env, **COMPILE_LOGS} if "--compile" in variant else None)
+        if code != 0:
+            return c.failed(name, code, out, f"the {variant or 'eager'} run exited {code}", log_name)
+        step, _ = final_step(c.runs / run_name)
+        if step != total:
+            return c.failed(name, code, out, f"the {variant or 'eager'} run ended at global step {step}", log_name)
+        sps = tp.steady_sps(read_scalar_events(c.runs / run_name)[tp.SPS_TAG], warmup)
+        c.graphs_sps[script] = sps if variant == "--cudagraphs" else c.graphs_sps.get(script)
+        eager = eager or sps
+        figures.append(
+            f"{sps:,.0f} SPS {variant or 'eager'} ({seconds:.0f} s)" + (f" = {sps / eager:.2f}x" * bool(variant))
+        )
+    env_id = shlex.split(flags)[1]
+    return Result(
+        name, "ok", f"{env_id}, world size 1, steady SPS once updates run: {', '.join(figures)}; all at {total}"
+    )
+
+
+def check_graphs(c: Check, script: str) -> Result:
+    """--cudagraphs against eager, same seed and flags, at world size 1 and at 2 ranks sharing the device (gloo,
+    --grad-sync flat, replicas compared every iteration), all four runs at once: the final checkpoints' learned
+    tensors (networks, targets, optimizer state, log_alpha) equal, bitwise or within EQUAL_RTOL."""
+    name = f"graphs:{script}"
+    stem, procs, figures = script.removesuffix(".py"), {}, []
+    for ws in (1, 2):
+        flags = [*shlex.split(GRAPHS_EQUAL[c.device]), GRAPHS_TOTAL[c.device][ws]]
+        flags += ["--backend", "gloo", "--grad-sync", "flat", "--sync-check-every", "1"] if ws == 2 else []
+        for graphed in (False, True):
+            run_name = f"check-graphs-{stem}-{ws}-{'graphed' if graphed else 'eager'}"
+            cmd = c.command(script, [*flags, "--seed", 1, *c.device_flags] + ["--cudagraphs"] * graphed, nproc=ws)
+            cmd += ["--runs-dir", str(c.runs), "--run-name", run_name, "--checkpoint-every", "0"]
+            log_name = f"{name} {ws} rank(s) {'graphed' if graphed else 'eager'}"
+            procs[(ws, graphed)] = (log_name, run_name, c.start(log_name, cmd))
+    for log_name, _, proc in procs.values():  # all of them, so that none is left running
+        proc.result = c.finish(log_name, proc)
+    for log_name, _, proc in procs.values():
+        if proc.result[0] != 0:
+            return c.failed(name, proc.result[0], proc.result[1], f"{log_name} exited {proc.result[0]}", log_name)
+    for ws in (1, 2):
+        eager, graphed = (load_learned(c.runs / procs[(ws, g)][1]) for g in (False, True))
+        worst, where = max((relative_difference(graphed[k], eager[k]), k) for k in eager)
+        if set(graphed) != set(eager) or worst > EQUAL_RTOL:
+            what = f"at {ws} rank(s) --cudagraphs differs from eager: {where} by {worst:.2e} (> {EQUAL_RTOL:.0e})"
+            return c.failed(name, 0, procs[(ws, True)][2].result[1], what, procs[(ws, True)][0])
+        how = "bitwise" if worst == 0 else f"to {worst:.1e} relative (not bitwise)"
+        figures.append(f"{ws} rank(s): {len(eager)} tensors equal {how}")
+    updates = {ws: torch_load(c.runs / procs[(ws, True)][1])["num_updates"] for ws in (1, 2)}
+    return Result(
+        name,
+        "ok",
+        f"--cudagraphs equals eager after {updates[1]} updates at world size 1, {updates[2]} at 2 "
+        f"ranks sharing the device (gloo, flat, replicas compared every iteration): {'; '.join(figures)}",
+    )
+
+
+# LeanRL's own scripts (ported, benchmark/leanrl_*.py) with its fastest flags, as graphs-speed: runs ours on CUDA
+LEANRL_FLAGS = "--env-id HalfCheetah-v5 --learning-starts 1000 --total-timesteps 3000 --seed 1 --compile --cudagraphs"
+
+
+def check_leanrl(c: Check) -> list[Result]:
+    """LeanRL's SAC and TD3 (`--leanrl-sac-script`, `--leanrl-td3-script`) on HalfCheetah-v5 with --compile
+    --cudagraphs, their own speed measure (SPS from 3 steps after learning starts, the last one their progress bar
+    shows), next to ours with --cudagraphs from graphs-speed: when it ran in this call."""
+    results = []
+    for script in OFF_POLICY:
+        name = f"leanrl {script.split('_')[0]}"
+        path = c.leanrl_scripts.get(script)
+        if not path:
+            results.append(Result(name, "skip", f"no --leanrl-{script.split('_')[0]}-script: LeanRL's script not run"))
+            continue
+        if importlib.util.find_spec("torchrl") is None:
+            results.append(Result(name, "skip", "LeanRL's script needs torchrl (pip install torchrl==0.14.1)"))
+            continue
+        if importlib.util.find_spec("mujoco") is None:
+            results.append(Result(name, "skip", "HalfCheetah-v5 needs mujoco (pip install -e '.[mujoco]')"))
+            continue
+        workdir = c.out / "leanrl"
+        workdir.mkdir(exist_ok=True)
+        flags = shlex.split(LEANRL_FLAGS) if c.device == "cuda" else [*shlex.split(LEANRL_FLAGS)[:-2], "--no-cuda"]
+        if c.device == "cpu":  # a few updates, eagerly: the port runs
+            flags[flags.index("--learning-starts") + 1], flags[flags.index("--total-timesteps") + 1] = "64", "110"
+        code, out, seconds = c.run(name, [sys.executable, str(Path(path).resolve()), *flags], cwd=workdir)
+        speeds = re.findall(r"([\d.]+) sps", out)
+        if code != 0 or not speeds:
+            results.append(c.failed(name, code, out))
+            results[-1].seconds = seconds
+            continue
+        theirs, ours = float(speeds[-1]), c.graphs_sps.get(script)
+        how = "--compile --cudagraphs" if c.device == "cuda" else "eager"
+        figure = f"LeanRL's {Path(path).name} {how}: {theirs:,.1f} SPS ({seconds:.0f} s)"
+        figure += f"; {script} --cudagraphs {ours:,.0f} SPS = {ours / theirs:.2f}x of it" if ours else ""
+        results.append(Result(name, "ok", figure, seconds))
+    return results
+
+
+def torch_load(run_dir: Path) -> dict:
+    import torch
+
+    return torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=True)
+
+
+def load_learned(run_dir: Path) -> dict:
+    """Every tensor of the checkpoint's learned state (not its RNG states or metadata), by path."""
+    import torch
+
+    ckpt, out = torch_load(run_dir), {}
+
+    def walk(x, path):
+        if isinstance(x, dict):
+            for k, v in x.items():
+                walk(v, f"{path}/{k}")
+        elif isinstance(x, (list, tuple)):
+            for i, v in enumerate(x):
+                walk(v, f"{path}/{i}")
+        elif isinstance(x, torch.Tensor):
+            out[path] = x
+
+    skip = {"args", "sizes", "versions", "rng", "rank_state", "wandb_run_id", "agent_kwargs"}
+    walk({k: v for k, v in ckpt.items() if k not in skip}, "")
+    return out
+
+
+def relative_difference(a, b) -> float:
+    """|a - b| / |b| (0 when both are equal; float64)."""
+    if a.shape != b.shape:
+        return float("inf")
+    a, b = a.double(), b.double()
+    return 0.0 if bool((a == b).all()) else float((a - b).norm() / max(float(b.norm()), 1e-30))
 
 
 def check_nccl_guard(c: Check) -> Result:
@@ -731,6 +910,7 @@ CHECKS = {"script": check_script, "gloo": check_gloo, "flat": check_flat, "compi
 CHECKS |= {"compile-flat": check_compile_flat, "compile-speed": check_compile_speed, "sync-debug": check_sync_debug}
 CHECKS |= {"nccl-1": check_nccl_one, "nccl-guard": check_nccl_guard, "resume": check_resume}
 CHECKS |= {"evaluate": check_evaluate, "throughput": check_throughput, "profile": check_profile}
+CHECKS |= {"graphs": check_graphs, "graphs-speed": check_graphs_speed, "leanrl": check_leanrl}
 
 
 def timed(check, c: Check, *args) -> Result:
@@ -793,6 +973,14 @@ def main(argv=None) -> int:
         help="CleanRL's cleanrl/ppo_atari_multigpu.py in a CleanRL checkout, to measure next to ours "
         "(default: $CLEANRL_PPO_ATARI_MULTIGPU; skipped when neither is set)",
     )
+    for algo, script in (("sac", SAC), ("td3", TD3)):
+        parser.add_argument(
+            f"--leanrl-{algo}-script",
+            default=os.environ.get(f"LEANRL_{algo.upper()}_SCRIPT"),
+            help=f"LeanRL's {algo} script ported to today's packages (benchmark/leanrl_{algo}_continuous_action.py; "
+            f"needs torchrl), to measure next to {script} in the leanrl check (--full; default: "
+            f"$LEANRL_{algo.upper()}_SCRIPT; skipped when neither is set)",
+        )
     parser.add_argument("--only", nargs="+", metavar="CHECK", help="run only these checks of the profile")
     parser.add_argument(
         "--out",
@@ -822,7 +1010,8 @@ def main(argv=None) -> int:
     out = args.out or Path(tempfile.gettempdir()) / "gpu_check" / stamp
     if out.exists() and any(out.iterdir()):  # a run directory there would be resumed, not started
         parser.error(f"--out {out} is not empty")
-    c = Check(args.device, GPU_BUDGET if args.device == "cuda" else CPU_BUDGET, out, args.cleanrl_script)
+    leanrl = {SAC: args.leanrl_sac_script, TD3: args.leanrl_td3_script}
+    c = Check(args.device, GPU_BUDGET if args.device == "cuda" else CPU_BUDGET, out, args.cleanrl_script, leanrl)
     start = time.monotonic()
     profile_name = "full" if args.full else "quick"
     header = f"gpu_check --{profile_name} on {args.device}: {machine(args.device)}; "
