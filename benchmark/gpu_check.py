@@ -95,8 +95,8 @@ FEW_ITERATIONS = {
 NEEDS = {"ppo_continuous_action_multigpu.py": "mujoco"}  # a module beyond `pip install -e .`: skipped without it
 COMPILED = ("ppo_atari_multigpu.py", "sac_continuous_action_multigpu.py", "td3_continuous_action_multigpu.py")
 PER_SCRIPT = ("script", "gloo", "flat", "compile", "compile-flat", "compile-speed", "sync-debug", "profile", "graphs")
-PER_SCRIPT += ("graphs-speed",)
-SINGLE = ("nccl-1", "nccl-guard", "resume", "evaluate", "throughput", "leanrl")
+PER_SCRIPT += ("graphs-speed", "leanrl")
+SINGLE = ("nccl-1", "nccl-guard", "resume", "evaluate", "throughput")
 
 
 @dataclass(frozen=True)
@@ -149,7 +149,7 @@ CPU_BUDGET = Budget(
         ATARI: ("--local-num-envs 2 --num-steps 16 --total-timesteps 192", 192, 1),
         SAC: ("--env-id Pendulum-v1 --learning-starts 64 --total-timesteps 256 --log-every 32", 256, 2),
     },
-    timeouts=dict.fromkeys((*PER_SCRIPT, *SINGLE, "cleanrl", "leanrl"), 400),  # a busy 2-core CI machine
+    timeouts=dict.fromkeys((*PER_SCRIPT, *SINGLE, "cleanrl"), 400),  # a busy 2-core CI machine
 )
 # The off-policy scripts' rows (issue 42), by device. profile: benchmark/profile_offpolicy.py's env, env steps with
 # updates before the profiled ones, and profiled env steps. graphs-speed: the flags of the runs compared (world size
@@ -205,8 +205,7 @@ def full_profile() -> list[list[str]]:
     names += [f"{kind}:{s}" for s in COMPILED for kind in ("compile", "compile-flat")]
     names += [f"sync-debug:{s}" for s in scripts()] + ["nccl-1"]
     names += [f"compile-speed:{s}" for s in GPU_BUDGET.speed_runs] + ["nccl-guard", "resume", "evaluate", "throughput"]
-    names += [f"{kind}:{s}" for kind in ("profile", "graphs", "graphs-speed") for s in OFF_POLICY]
-    names += ["leanrl"]
+    names += [f"{kind}:{s}" for kind in ("profile", "graphs", "graphs-speed", "leanrl") for s in OFF_POLICY]
     return [[name] for name in names]
 
 
@@ -668,40 +667,33 @@ def check_graphs(c: Check, script: str) -> Result:
 LEANRL_FLAGS = "--env-id HalfCheetah-v5 --learning-starts 1000 --total-timesteps 3000 --seed 1 --compile --cudagraphs"
 
 
-def check_leanrl(c: Check) -> list[Result]:
-    """LeanRL's SAC and TD3 (`--leanrl-sac-script`, `--leanrl-td3-script`) on HalfCheetah-v5 with --compile
-    --cudagraphs, their own speed measure (SPS from 3 steps after learning starts, the last one their progress bar
-    shows), next to ours with --cudagraphs from graphs-speed: when it ran in this call."""
-    results = []
-    for script in OFF_POLICY:
-        name = f"leanrl {script.split('_')[0]}"
-        path = c.leanrl_scripts.get(script)
-        if not path:
-            results.append(Result(name, "skip", f"no --leanrl-{script.split('_')[0]}-script: LeanRL's script not run"))
-            continue
-        if importlib.util.find_spec("torchrl") is None:
-            results.append(Result(name, "skip", "LeanRL's script needs torchrl (pip install torchrl==0.14.1)"))
-            continue
-        if importlib.util.find_spec("mujoco") is None:
-            results.append(Result(name, "skip", "HalfCheetah-v5 needs mujoco (pip install -e '.[mujoco]')"))
-            continue
-        workdir = c.out / "leanrl"
-        workdir.mkdir(exist_ok=True)
-        flags = shlex.split(LEANRL_FLAGS) if c.device == "cuda" else [*shlex.split(LEANRL_FLAGS)[:-2], "--no-cuda"]
-        if c.device == "cpu":  # a few updates, eagerly: the port runs
-            flags[flags.index("--learning-starts") + 1], flags[flags.index("--total-timesteps") + 1] = "64", "110"
-        code, out, seconds = c.run(name, [sys.executable, str(Path(path).resolve()), *flags], cwd=workdir)
-        speeds = re.findall(r"([\d.]+) sps", out)
-        if code != 0 or not speeds:
-            results.append(c.failed(name, code, out))
-            results[-1].seconds = seconds
-            continue
-        theirs, ours = float(speeds[-1]), c.graphs_sps.get(script)
-        how = "--compile --cudagraphs" if c.device == "cuda" else "eager"
-        figure = f"LeanRL's {Path(path).name} {how}: {theirs:,.1f} SPS ({seconds:.0f} s)"
-        figure += f"; {script} --cudagraphs {ours:,.0f} SPS = {ours / theirs:.2f}x of it" if ours else ""
-        results.append(Result(name, "ok", figure, seconds))
-    return results
+def check_leanrl(c: Check, script: str) -> Result:
+    """LeanRL's SAC or TD3 (`--leanrl-sac-script`, `--leanrl-td3-script`) on HalfCheetah-v5 with --compile
+    --cudagraphs, its own speed measure (SPS from 3 steps after learning starts, the last one its progress bar
+    shows), next to ours with --cudagraphs from graphs-speed: when that ran earlier in this call."""
+    algo = script.split("_")[0]
+    name = f"leanrl:{script}"
+    path = c.leanrl_scripts.get(script)
+    if not path:
+        return Result(name, "skip", f"no --leanrl-{algo}-script: LeanRL's script not run")
+    if importlib.util.find_spec("torchrl") is None:
+        return Result(name, "skip", "LeanRL's script needs torchrl (pip install torchrl==0.14.1)")
+    if importlib.util.find_spec("mujoco") is None:
+        return Result(name, "skip", "HalfCheetah-v5 needs mujoco (pip install -e '.[mujoco]')")
+    workdir = c.out / "leanrl"
+    workdir.mkdir(exist_ok=True)
+    flags = shlex.split(LEANRL_FLAGS) if c.device == "cuda" else [*shlex.split(LEANRL_FLAGS)[:-2], "--no-cuda"]
+    if c.device == "cpu":  # a few updates, eagerly: the port runs
+        flags[flags.index("--learning-starts") + 1], flags[flags.index("--total-timesteps") + 1] = "64", "110"
+    code, out, seconds = c.run(name, [sys.executable, str(Path(path).resolve()), *flags], cwd=workdir)
+    speeds = re.findall(r"([\d.]+) sps", out)
+    if code != 0 or not speeds:
+        return c.failed(name, code, out)
+    theirs, ours = float(speeds[-1]), c.graphs_sps.get(script)
+    how = "--compile --cudagraphs" if c.device == "cuda" else "eager"
+    figure = f"LeanRL's {Path(path).name} {how}: {theirs:,.1f} SPS ({seconds:.0f} s)"
+    figure += f"; {script} --cudagraphs {ours:,.0f} SPS = {ours / theirs:.2f}x of it" if ours else ""
+    return Result(name, "ok", figure, seconds)
 
 
 def torch_load(run_dir: Path) -> dict:

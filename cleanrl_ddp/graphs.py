@@ -39,7 +39,9 @@ def graphed(fn, enabled: bool):
         return fn
     from tensordict.nn import CudaGraphModule
 
-    return CudaGraphModule(fn, warmup=WARMUP)
+    graph = CudaGraphModule(fn, warmup=WARMUP)
+    graph.__name__ = getattr(fn, "__name__", "graph")  # the stages it holds (benchmark/profile_offpolicy.py)
+    return graph
 
 
 class Outside:

@@ -48,14 +48,14 @@ def test_the_checks_run_on_the_cpu_one_line_each(tmp_path):
     SAC's env step timed part by part (benchmark/profile_offpolicy.py), its --cudagraphs runs (eager on the CPU)
     equal to eager at 1 and 2 ranks and their speed; LeanRL's scripts are skipped, as nothing points at them."""
     only = ["script:ppo_multigpu.py", "nccl-guard", "resume", "evaluate", "throughput"]
-    only += [f"{kind}:{gpu_check.SAC}" for kind in ("profile", "graphs", "graphs-speed")] + ["leanrl"]
+    only += [f"{kind}:{gpu_check.SAC}" for kind in ("profile", "graphs", "graphs-speed", "leanrl")]
     proc = check("--device", "cpu", "--full", "--only", *only, "--out", tmp_path)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
     lines = [line for line in proc.stdout.splitlines() if re.match(r"(ok|FAIL|skip) ", line)]
     names = [re.match(r"\w+ +([^:]+):", line).group(1) for line in lines]
     expected = ["script", "nccl-guard", "resume", "evaluate on cpu", "throughput 2 envs", "profile 2 envs"]
-    off_policy = ["profile", "graphs", "graphs-speed", "leanrl sac", "leanrl td3"]
+    off_policy = ["profile", "graphs", "graphs-speed", "leanrl"]
     assert names == [*expected, "cleanrl 2 envs", *off_policy], output
     assert lines[0].startswith("ok    script:ppo_multigpu.py: world size 1 on cpu, global step 384, exit 0"), output
     assert (
@@ -81,8 +81,8 @@ def test_the_checks_run_on_the_cpu_one_line_each(tmp_path):
     assert re.search(equal, lines[8]), lines[8]
     speeds = r"Pendulum-v1, world size 1, steady SPS once updates run: [\d,]+ SPS eager \(\d+ s\), [\d,]+ SPS "
     assert re.search(speeds + r"--cudagraphs \(\d+ s\) = [\d.]+x; all at 80", lines[9]), lines[9]
-    assert lines[10].startswith("skip  leanrl sac: no --leanrl-sac-script") and lines[11].startswith("skip  leanrl td3")
-    assert re.match(r"gpu_check: 9 ok, 0 FAIL, 3 skipped in [\d.]+ min", proc.stdout.splitlines()[-1]), output
+    assert lines[10].startswith(f"skip  leanrl:{gpu_check.SAC}: no --leanrl-sac-script")
+    assert re.match(r"gpu_check: 9 ok, 0 FAIL, 2 skipped in [\d.]+ min", proc.stdout.splitlines()[-1]), output
     assert all(re.search(r" \[\d+ s\]$", line) for line in lines), lines  # each check's seconds
     assert (tmp_path / "logs" / "resume.log").read_text().startswith("$ ")
     summary = (tmp_path / "summary.txt").read_text().splitlines()

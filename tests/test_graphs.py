@@ -48,6 +48,9 @@ def test_cudagraphs_refuses_ddp_at_world_size_above_1():
     args.grad_sync = "flat"
     assert not graphs.enabled(args, types.SimpleNamespace(world_size=2, on_cuda=False))
     assert graphs.graphed(len, False) is len  # without --cudagraphs (or CUDA) the function itself
+    with pytest.warns(UserWarning, match="without CUDA"):  # tensordict's CudaGraphModule, here a pass-through
+        graph = graphs.graphed(graphs.in_order([len]), True)
+    assert graph.__name__ == "len" and graph([1, 2]) == [2]
 
 
 class Ops(TorchDispatchMode):
