@@ -24,13 +24,14 @@ run at the same time (they check correctness, not speed), and a speed measuremen
    (benchmark/throughput.py), with the update's share of the time; at 8 envs, where one iteration's time goes
    (benchmark/profile_rollout.py), CleanRL's own script (`--cleanrl-script`) and LeanRL's (`--leanrl-script`);
 4. `graphs-speed:` for the Atari PPO (issue 41's branch), then `env-sweep:8` (ALE's threads and batch size, env
-   only), then `graphs-speed:` and `profile:` for SAC and TD3 (issue 42's branch), each alone.
+   only), then `graphs-speed:` and `profile:` for SAC and TD3 (issue 42), each alone.
 A check starts only if its estimated seconds on one H200 (`ESTIMATES`) end within `--budget` (default 360 s for
 the quick profile on CUDA), else it is a `skip` line that says so: as estimated, the off-policy rows of step 4 are
 left for a call of their own (`--only`). `--full` adds `gloo:`, `flat:`, `sync-debug:` for every script,
 `compile:`/`compile-flat:` for the three scripts with `--compile` (`COMPILED`), `compile-speed:` for the Atari PPO
-and SAC, `nccl-guard` (NCCL with 2 ranks on one GPU stops before init with one line) and `env-sweep:64`, one check
-at a time, with no budget. docs/benchmarks.md says what each check means, and the budget's table.
+and SAC, `nccl-guard` (NCCL with 2 ranks on one GPU stops before init with one line), `env-sweep:64`, and for SAC
+and TD3 `leanrl:` (LeanRL's own script beside ours, `--leanrl-sac-script`, `--leanrl-td3-script`), one check at a
+time, with no budget. docs/benchmarks.md says what each check means, and the budget's table.
 
 Results survive a kill: each check's output goes to OUT/logs/<check>.log while it runs, and its line is appended
 to OUT/summary.txt as soon as it ends. A check past its time limit is killed with every process it started
@@ -43,6 +44,7 @@ Without CUDA (and without `--device cpu`) it says so in one line and exits 0. Ex
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -98,11 +100,11 @@ FEW_ITERATIONS = {
 }
 NEEDS = {"ppo_continuous_action_multigpu.py": "mujoco"}  # a module beyond `pip install -e .`: skipped without it
 COMPILED = ("ppo_atari_multigpu.py", "sac_continuous_action_multigpu.py", "td3_continuous_action_multigpu.py")
-PER_SCRIPT = ("script", "gloo", "flat", "compile", "compile-flat", "compile-speed", "sync-debug")
+PER_SCRIPT = ("script", "gloo", "flat", "compile", "compile-flat", "compile-speed", "sync-debug", "profile", "graphs")
+PER_SCRIPT += ("graphs-speed", "leanrl")
 SINGLE = ("nccl-1", "nccl-guard", "resume", "evaluate", "throughput")
 # checks of issue 41 and 42 (their own branches): the quick profile lists those that CHECKS holds, in this order
 GRAPHS = (ATARI, "ppo_atari_async_multigpu.py", "pqn_atari_multigpu.py", "dqn_atari_multigpu.py")  # `graphs:`
-OFF_POLICY = (SAC, TD3)  # `graphs-speed:` and `profile:` on HalfCheetah-v5
 
 
 @dataclass(frozen=True)
@@ -143,9 +145,11 @@ ESTIMATES = {
     "evaluate": 25,  # 11 s on cuda + 49 s on the CPU with 16 threads beside 8 checks; one thread now
     "throughput": 170,  # 138 s alone (14 iterations, 1,000 ceiling steps, CleanRL 14 iterations); shorter now, + LeanRL
     f"graphs-speed:{ATARI}": 60,  # eager and CUDA graphs at 8 envs (issue 41's estimate)
-    f"graphs-speed:{SAC}": 90,  # HalfCheetah-v5, eager and CUDA graphs (issue 42's estimate)
-    f"graphs-speed:{TD3}": 90,
-    "profile": 40,  # one off-policy env step timed part by part (issue 42's estimate)
+    f"graphs-speed:{SAC}": 130,  # HalfCheetah-v5: eager, --cudagraphs, --cudagraphs --compile (issue 42's estimate)
+    f"graphs-speed:{TD3}": 100,
+    "profile": 50,  # one off-policy env step timed part by part, eager and --cudagraphs (issue 42's estimate)
+    f"leanrl:{SAC}": 90,  # LeanRL's SAC and TD3, --compile --cudagraphs (issue 42's estimate)
+    f"leanrl:{TD3}": 90,
     "env-sweep:8": 15,  # 8 settings of 4,000 agent steps at 3,000-6,000 steps/s, and a process start
     "env-sweep:64": 35,  # 10 settings of 4,000 steps at 64 envs, each with 64 envs to build
     f"compile-speed:{ATARI}": 56,
@@ -178,7 +182,7 @@ GPU_BUDGET = Budget(
     },
     timeouts={"script": 90, "gloo": 90, "flat": 90, "compile": 240, "compile-flat": 240, "compile-speed": 240}
     | {"nccl-1": 60, "sync-debug": 120, "nccl-guard": 60, "resume": 120, "evaluate": 90, "throughput": 180}
-    | {"cleanrl": 180, "leanrl": 240, "env-sweep": 180},
+    | {"cleanrl": 180, "leanrl": 300, "env-sweep": 180, "profile": 120, "graphs": 120, "graphs-speed": 240},
     cleanrl_iterations=8,
     leanrl_iterations=20,
     env_sweep_steps=4000,
@@ -201,6 +205,33 @@ CPU_BUDGET = Budget(
     leanrl_iterations=20,
     env_sweep_steps=64,
 )
+# The off-policy scripts' rows (issue 42), by device. profile: benchmark/profile_offpolicy.py's env, env steps with
+# updates before the profiled ones, and profiled env steps. graphs-speed: the flags of the runs compared (world size
+# 1, HalfCheetah-v5 on a GPU), the global step they end at, the SPS points skipped (random actions, capture), and the
+# variants (--compile under --cudagraphs: inductor without its own CUDA graphs). graphs: the flags of the runs that
+# --cudagraphs must equal (Pendulum-v1, no MuJoCo needed): at world size 1 and at 2 ranks (gloo, flat).
+OFF_POLICY = (SAC, TD3)
+OFF_POLICY_PROFILE = {"cuda": ("HalfCheetah-v5", 50, 500), "cpu": ("Pendulum-v1", 2, 5)}
+GRAPHS_SPEED = {
+    "cuda": (
+        "--env-id HalfCheetah-v5 --learning-starts 1000 --total-timesteps 3000 --log-every 250",
+        3000,
+        6,
+        ("", "--cudagraphs", "--cudagraphs --compile"),
+    ),
+    "cpu": (
+        "--env-id Pendulum-v1 --learning-starts 32 --local-batch-size 16 --total-timesteps 80 --log-every 8",
+        80,
+        6,
+        ("", "--cudagraphs"),
+    ),
+}
+GRAPHS_EQUAL = {  # 400 critic updates at world size 1, 300 at 2 ranks
+    "cuda": "--env-id Pendulum-v1 --learning-starts 200 --local-batch-size 64 --log-every 100 --total-timesteps",
+    "cpu": "--env-id Pendulum-v1 --learning-starts 32 --local-batch-size 16 --log-every 16 --total-timesteps",
+}
+GRAPHS_TOTAL = {"cuda": {1: 600, 2: 800}, "cpu": {1: 48, 2: 48}}
+EQUAL_RTOL = 1e-5  # the largest relative difference (|a - b| / |b| per tensor) that graphs: calls equal
 GOALS = {8: 0.85, 64: 0.95}  # share of the env-only ceiling (issue #20); measured, never asserted
 CLEANRL_GOAL = 5.0  # this script's SPS over CleanRL's at CleanRL's configuration
 LEANRL_GOAL = 1.0  # this script's SPS over LeanRL's compile + CUDA-graph script's at 8 envs (issue 41)
@@ -224,7 +255,7 @@ def quick_profile() -> list[list[str]]:
         [
             [f"script:{s}" for s in [ATARI, *[s for s in scripts() if s != ATARI]]] + [f"graphs:{s}" for s in GRAPHS],
             [f"gloo:{ATARI}", f"flat:{ATARI}", f"gloo:{SAC}", f"flat:{SAC}", "nccl-1", f"sync-debug:{ATARI}"]
-            + [f"compile:{ATARI}", "resume", "evaluate"],
+            + [f"compile:{ATARI}", "resume", "evaluate", f"graphs:{SAC}", f"graphs:{TD3}"],
             ["throughput"],
             [f"graphs-speed:{ATARI}"],
             ["env-sweep:8"],
@@ -241,7 +272,8 @@ def full_profile() -> list[list[str]]:
     names += [f"{kind}:{s}" for s in COMPILED for kind in ("compile", "compile-flat")]
     names += [f"sync-debug:{s}" for s in scripts()] + ["nccl-1"]
     names += [f"compile-speed:{s}" for s in GPU_BUDGET.speed_runs] + ["nccl-guard", "resume", "evaluate", "throughput"]
-    names += [f"graphs-speed:{s}" for s in (ATARI, *OFF_POLICY)] + [f"profile:{s}" for s in OFF_POLICY]
+    names += [f"graphs-speed:{ATARI}"]
+    names += [f"{kind}:{s}" for kind in ("profile", "graphs", "graphs-speed", "leanrl") for s in OFF_POLICY]
     names += [f"env-sweep:{n}" for n in GPU_BUDGET.throughput_envs]
     return known([[name] for name in names])
 
@@ -261,9 +293,11 @@ class Check:
     """Where the checks run: the device, their budget, the output folder, the runs they share, and every process
     they started (found by the marker in its environment)."""
 
-    def __init__(self, device: str, budget: Budget, out: Path, cleanrl_script: str | None, leanrl_script=None):
+    def __init__(self, device: str, budget: Budget, out: Path, cleanrl_script=None, leanrl_script=None, leanrl=None):
         self.device, self.budget, self.out, self.cleanrl_script = device, budget, out, cleanrl_script
-        self.leanrl_script = leanrl_script
+        self.leanrl_script = leanrl_script  # LeanRL's PPO Atari (benchmark/leanrl_ppo_atari.py), beside `throughput`
+        self.leanrl_scripts = leanrl or {}  # SAC/TD3 -> LeanRL's script ported (benchmark/leanrl_*.py)
+        self.graphs_sps = {}  # script -> its --cudagraphs steady SPS in graphs-speed:, for the leanrl row
         self.runs, self.logs, self.summary = out / "runs", out / "logs", out / "summary.txt"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.marker = str(out.resolve())
@@ -615,6 +649,165 @@ def check_compile_speed(c: Check, script: str) -> Result:
     )
 
 
+def check_profile(c: Check, script: str) -> Result:
+    """benchmark/profile_offpolicy.py: one env step of SAC or TD3 at world size 1, timed part by part."""
+    name = f"profile:{script}"
+    env_id, warmup, steps = OFF_POLICY_PROFILE[c.device]
+    if env_id.endswith("-v5") and importlib.util.find_spec("mujoco") is None:
+        return Result(name, "skip", f"{env_id} needs mujoco (pip install -e '.[mujoco]')")
+    results = []
+    for graphed in (False, True) if c.device == "cuda" else (False,):  # on the CPU --cudagraphs runs eagerly
+        label = f"profile{' --cudagraphs' if graphed else ''}:{script}"
+        cmd = [sys.executable, "-m", "benchmark.profile_offpolicy", "--script", script, "--env-id", env_id]
+        cmd += ["--warmup", str(warmup), "--steps", str(steps), "--device", c.device] + ["--cudagraphs"] * graphed
+        code, out, seconds = c.run(label, cmd)
+        found = re.search(r"^profile: (.*)$", out, re.MULTILINE)
+        results.append(
+            c.failed(label, code, out) if code != 0 or found is None else Result(label, "ok", found.group(1))
+        )
+        results[-1].seconds = seconds
+    return results
+
+
+def check_graphs_speed(c: Check, script: str) -> Result:
+    """`script` at world size 1, eager then --cudagraphs (then with --compile too, on CUDA), in this call: each ends
+    at its exact step; their steady SPS once updates run (the capture excluded) and the ratios to eager."""
+    from benchmark import throughput as tp
+    from benchmark.events import read_scalar_events
+
+    name = f"graphs-speed:{script}"
+    flags, total, warmup, variants = GRAPHS_SPEED[c.device]
+    if "-v5" in flags and importlib.util.find_spec("mujoco") is None:
+        return Result(name, "skip", "HalfCheetah-v5 needs mujoco (pip install -e '.[mujoco]')")
+    figures, eager = [], None
+    for variant in variants:
+        run_name = f"check-graphs-speed-{script.removesuffix('.py')}-{'-'.join(variant.split()) or 'eager'}"
+        cmd = c.command(script, [*shlex.split(flags), *shlex.split(variant), "--seed", 1, *c.device_flags])
+        cmd += ["--runs-dir", str(c.runs), "--run-name", run_name, "--checkpoint-every", "0"]
+        log_name = f"{name} {variant or 'eager'}"
+        code, out, seconds = c.run(log_name, cmd, env={**c.env, **COMPILE_LOGS} if "--compile" in variant else None)
+        if code != 0:
+            return c.failed(name, code, out, f"the {variant or 'eager'} run exited {code}", log_name)
+        step, _ = final_step(c.runs / run_name)
+        if step != total:
+            return c.failed(name, code, out, f"the {variant or 'eager'} run ended at global step {step}", log_name)
+        sps = tp.steady_sps(read_scalar_events(c.runs / run_name)[tp.SPS_TAG], warmup)
+        c.graphs_sps[script] = sps if variant == "--cudagraphs" else c.graphs_sps.get(script)
+        eager = eager or sps
+        figures.append(
+            f"{sps:,.0f} SPS {variant or 'eager'} ({seconds:.0f} s)" + (f" = {sps / eager:.2f}x" * bool(variant))
+        )
+    env_id = shlex.split(flags)[1]
+    return Result(
+        name, "ok", f"{env_id}, world size 1, steady SPS once updates run: {', '.join(figures)}; all at {total}"
+    )
+
+
+def check_graphs(c: Check, script: str) -> Result:
+    """--cudagraphs against eager, same seed and flags, at world size 1 and at 2 ranks sharing the device (gloo,
+    --grad-sync flat, replicas compared every iteration), all four runs at once: the final checkpoints' learned
+    tensors (networks, targets, optimizer state, log_alpha) equal, bitwise or within EQUAL_RTOL."""
+    name = f"graphs:{script}"
+    stem, procs, figures = script.removesuffix(".py"), {}, []
+    for ws in (1, 2):
+        flags = [*shlex.split(GRAPHS_EQUAL[c.device]), GRAPHS_TOTAL[c.device][ws]]
+        flags += ["--backend", "gloo", "--grad-sync", "flat", "--sync-check-every", "1"] if ws == 2 else []
+        for graphed in (False, True):
+            run_name = f"check-graphs-{stem}-{ws}-{'graphed' if graphed else 'eager'}"
+            cmd = c.command(script, [*flags, "--seed", 1, *c.device_flags] + ["--cudagraphs"] * graphed, nproc=ws)
+            cmd += ["--runs-dir", str(c.runs), "--run-name", run_name, "--checkpoint-every", "0"]
+            log_name = f"{name} {ws} rank(s) {'graphed' if graphed else 'eager'}"
+            procs[(ws, graphed)] = (log_name, run_name, c.start(log_name, cmd))
+    for log_name, _, proc in procs.values():  # all of them, so that none is left running
+        proc.result = c.finish(log_name, proc)
+    for log_name, _, proc in procs.values():
+        if proc.result[0] != 0:
+            return c.failed(name, proc.result[0], proc.result[1], f"{log_name} exited {proc.result[0]}", log_name)
+    for ws in (1, 2):
+        eager, graphed = (load_learned(c.runs / procs[(ws, g)][1]) for g in (False, True))
+        worst, where = max((relative_difference(graphed[k], eager[k]), k) for k in eager)
+        if set(graphed) != set(eager) or worst > EQUAL_RTOL:
+            what = f"at {ws} rank(s) --cudagraphs differs from eager: {where} by {worst:.2e} (> {EQUAL_RTOL:.0e})"
+            return c.failed(name, 0, procs[(ws, True)][2].result[1], what, procs[(ws, True)][0])
+        how = "bitwise" if worst == 0 else f"to {worst:.1e} relative (not bitwise)"
+        figures.append(f"{ws} rank(s): {len(eager)} tensors equal {how}")
+    updates = {ws: torch_load(c.runs / procs[(ws, True)][1])["num_updates"] for ws in (1, 2)}
+    return Result(
+        name,
+        "ok",
+        f"--cudagraphs equals eager after {updates[1]} updates at world size 1, {updates[2]} at 2 "
+        f"ranks sharing the device (gloo, flat, replicas compared every iteration): {'; '.join(figures)}",
+    )
+
+
+# LeanRL's own scripts (ported, benchmark/leanrl_*.py) with its fastest flags, as graphs-speed: runs ours on CUDA
+LEANRL_FLAGS = "--env-id HalfCheetah-v5 --learning-starts 1000 --total-timesteps 3000 --seed 1 --compile --cudagraphs"
+
+
+def check_leanrl(c: Check, script: str) -> Result:
+    """LeanRL's SAC or TD3 (`--leanrl-sac-script`, `--leanrl-td3-script`) on HalfCheetah-v5 with --compile
+    --cudagraphs, its own speed measure (SPS from 3 steps after learning starts, the last one its progress bar
+    shows), next to ours with --cudagraphs from graphs-speed: when that ran earlier in this call."""
+    algo = script.split("_")[0]
+    name = f"leanrl:{script}"
+    path = c.leanrl_scripts.get(script)
+    if not path:
+        return Result(name, "skip", f"no --leanrl-{algo}-script: LeanRL's script not run")
+    if importlib.util.find_spec("torchrl") is None:
+        return Result(name, "skip", "LeanRL's script needs torchrl (pip install torchrl==0.14.1)")
+    if importlib.util.find_spec("mujoco") is None:
+        return Result(name, "skip", "HalfCheetah-v5 needs mujoco (pip install -e '.[mujoco]')")
+    workdir = c.out / "leanrl"
+    workdir.mkdir(exist_ok=True)
+    flags = shlex.split(LEANRL_FLAGS) if c.device == "cuda" else [*shlex.split(LEANRL_FLAGS)[:-2], "--no-cuda"]
+    if c.device == "cpu":  # a few updates, eagerly: the port runs
+        flags[flags.index("--learning-starts") + 1], flags[flags.index("--total-timesteps") + 1] = "64", "110"
+    code, out, seconds = c.run(name, [sys.executable, str(Path(path).resolve()), *flags], cwd=workdir)
+    speeds = re.findall(r"([\d.]+) sps", out)
+    if code != 0 or not speeds:
+        return c.failed(name, code, out)
+    theirs, ours = float(speeds[-1]), c.graphs_sps.get(script)
+    how = "--compile --cudagraphs" if c.device == "cuda" else "eager"
+    figure = f"LeanRL's {Path(path).name} {how}: {theirs:,.1f} SPS ({seconds:.0f} s)"
+    figure += f"; {script} --cudagraphs {ours:,.0f} SPS = {ours / theirs:.2f}x of it" if ours else ""
+    return Result(name, "ok", figure, seconds)
+
+
+def torch_load(run_dir: Path) -> dict:
+    import torch
+
+    return torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=True)
+
+
+def load_learned(run_dir: Path) -> dict:
+    """Every tensor of the checkpoint's learned state (not its RNG states or metadata), by path."""
+    import torch
+
+    ckpt, out = torch_load(run_dir), {}
+
+    def walk(x, path):
+        if isinstance(x, dict):
+            for k, v in x.items():
+                walk(v, f"{path}/{k}")
+        elif isinstance(x, (list, tuple)):
+            for i, v in enumerate(x):
+                walk(v, f"{path}/{i}")
+        elif isinstance(x, torch.Tensor):
+            out[path] = x
+
+    skip = {"args", "sizes", "versions", "rng", "rank_state", "wandb_run_id", "agent_kwargs"}
+    walk({k: v for k, v in ckpt.items() if k not in skip}, "")
+    return out
+
+
+def relative_difference(a, b) -> float:
+    """|a - b| / |b| (0 when both are equal; float64)."""
+    if a.shape != b.shape:
+        return float("inf")
+    a, b = a.double(), b.double()
+    return 0.0 if bool((a == b).all()) else float((a - b).norm() / max(float(b.norm()), 1e-30))
+
+
 def check_nccl_guard(c: Check) -> Result:
     """NCCL with 2 ranks on one GPU: one line naming --backend gloo, before any process group (on the CPU, with
     --no-cuda: the line that NCCL needs CUDA)."""
@@ -739,7 +932,7 @@ def check_throughput(c: Check) -> list[Result]:
             results.append(Result(f"profile {num_envs} envs", "ok", profile_figure(figures["profile"]), seconds))
         if first:
             results.append(timed(check_cleanrl, c, num_envs, sps))
-            results.append(timed(check_leanrl, c, num_envs, sps))
+            results.append(timed(check_leanrl_atari, c, num_envs, sps))
     return results
 
 
@@ -786,7 +979,7 @@ def check_cleanrl(c: Check, num_envs: int, our_sps: float) -> Result:
     return Result(name, "ok", f"{figure} (goal {CLEANRL_GOAL:.0f}x: {met})")
 
 
-def check_leanrl(c: Check, num_envs: int, our_sps: float) -> Result:
+def check_leanrl_atari(c: Check, num_envs: int, our_sps: float) -> Result:
     """LeanRL's own PPO Atari script (benchmark/leanrl_ppo_atari.py, ported), `--compile --cudagraphs` on CUDA, at
     1 process x `num_envs` envs x the throughput's steps: its own steady speed (`speed: N sps`, from iteration 11
     to 20) next to `our_sps`, the Atari PPO's in the same call (goal: at least LeanRL's). It needs EnvPool (1.2.7:
@@ -802,7 +995,7 @@ def check_leanrl(c: Check, num_envs: int, our_sps: float) -> Result:
     b, script = c.budget, Path(c.leanrl_script).expanduser().resolve()
     if not script.is_file():
         return Result(name, "FAIL", f"--leanrl-script {script}: no such file")
-    workdir = c.out / "leanrl"
+    workdir = c.out / "leanrl_ppo_atari"
     workdir.mkdir(exist_ok=True)
     total = b.leanrl_iterations * num_envs * b.throughput_num_steps
     cmd = [sys.executable, str(script), "--num-envs", str(num_envs), "--num-steps", str(b.throughput_num_steps)]
@@ -834,6 +1027,7 @@ CHECKS = {"script": check_script, "gloo": check_gloo, "flat": check_flat, "compi
 CHECKS |= {"compile-flat": check_compile_flat, "compile-speed": check_compile_speed, "sync-debug": check_sync_debug}
 CHECKS |= {"nccl-1": check_nccl_one, "nccl-guard": check_nccl_guard, "resume": check_resume}
 CHECKS |= {"evaluate": check_evaluate, "throughput": check_throughput, "env-sweep": check_env_sweep}
+CHECKS |= {"profile": check_profile, "graphs": check_graphs, "graphs-speed": check_graphs_speed, "leanrl": check_leanrl}
 
 
 def timed(check, c: Check, *args) -> Result:
@@ -922,6 +1116,14 @@ def main(argv=None) -> int:
         help=f"seconds: a check starts only if its estimate (ESTIMATES) ends within them, else it is a skip line "
         f"(default: {QUICK_BUDGET} for the quick profile on CUDA, else none; 0: none)",
     )
+    for algo, script in (("sac", SAC), ("td3", TD3)):
+        parser.add_argument(
+            f"--leanrl-{algo}-script",
+            default=os.environ.get(f"LEANRL_{algo.upper()}_SCRIPT"),
+            help=f"LeanRL's {algo} script ported to today's packages (benchmark/leanrl_{algo}_continuous_action.py; "
+            f"needs torchrl), to measure next to {script} in the leanrl check (--full; default: "
+            f"$LEANRL_{algo.upper()}_SCRIPT; skipped when neither is set)",
+        )
     parser.add_argument("--only", nargs="+", metavar="CHECK", help="run only these checks of the profile")
     parser.add_argument(
         "--out",
@@ -952,7 +1154,8 @@ def main(argv=None) -> int:
     if out.exists() and any(out.iterdir()):  # a run directory there would be resumed, not started
         parser.error(f"--out {out} is not empty")
     budget = GPU_BUDGET if args.device == "cuda" else CPU_BUDGET
-    c = Check(args.device, budget, out, args.cleanrl_script, args.leanrl_script)
+    leanrl = {SAC: args.leanrl_sac_script, TD3: args.leanrl_td3_script}
+    c = Check(args.device, budget, out, args.cleanrl_script, args.leanrl_script, leanrl)
     seconds = args.budget if args.budget is not None else QUICK_BUDGET if not args.full and args.device == "cuda" else 0
     start = time.monotonic()
     profile_name = "full" if args.full else "quick"

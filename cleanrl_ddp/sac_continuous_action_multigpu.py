@@ -24,7 +24,7 @@ import torch.optim as optim
 import tyro
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from cleanrl_ddp import evals
+from cleanrl_ddp import evals, graphs, replay
 from cleanrl_ddp import runtime as rt
 
 SCRIPT = os.path.basename(__file__)[: -len(".py")]
@@ -78,6 +78,8 @@ class Args(rt.RunArgs):
     """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
     compile: bool = False
     """if toggled, `torch.compile` the three losses and their backward (CUDA: with CUDA graphs, mode reduce-overhead)"""
+    cudagraphs: bool = False
+    """if toggled, each update and the action choice are CUDA graphs (CUDA only; 2+ ranks: with --grad-sync flat)"""
 
 
 def make_env(env_id: str, render_mode: Optional[str] = None):
@@ -164,7 +166,7 @@ def load_agent(ckpt: dict, device) -> Actor:
     return actor
 
 
-# ALGO LOGIC: sizes, the replay buffer, the losses, the updates and the gradient all-reduce
+# ALGO LOGIC: sizes, the losses, the updates and the gradient all-reduce
 @dataclass(frozen=True)
 class Sizes(rt.Sizes):
     local_buffer_size: int
@@ -196,38 +198,6 @@ def derive_sizes(args: Args, world_size: int) -> Sizes:
     )
 
 
-class ReplayBuffer:
-    """One rank's replay memory on `device`: a ring of transitions, one float32 row each, sampled there
-    from a generator of its own."""
-
-    def __init__(self, capacity: int, obs_dim: int, action_dim: int, device, seed: int):
-        self.capacity, self.pos, self.size = capacity, 0, 0
-        self.widths = (obs_dim, obs_dim, action_dim, 1, 1)
-        self.rows = torch.zeros((capacity, sum(self.widths)), device=device)
-        self.generator = torch.Generator(device=device).manual_seed(seed)
-
-    def add(self, obs, next_obs, actions, rewards, terminations) -> None:
-        """Store one step of every env (host arrays) with one copy to the device."""
-        n = len(obs)
-        host = np.concatenate([obs, next_obs, actions, rewards[:, None], terminations[:, None]], axis=1)
-        idx = (self.pos + torch.arange(n, device=self.rows.device)) % self.capacity
-        self.rows[idx] = rt.to_device(host, self.rows.device, dtype=torch.float32)
-        self.pos = (self.pos + n) % self.capacity
-        self.size = min(self.size + n, self.capacity)
-
-    def sample(self, batch_size: int) -> dict:
-        """Uniform over the stored transitions, drawn on the device: no wait for it."""
-        idx = torch.randint(0, self.size, (batch_size,), device=self.rows.device, generator=self.generator)
-        obs, next_obs, actions, rewards, terminations = self.rows[idx].split(self.widths, dim=1)
-        return dict(
-            obs=obs,
-            actions=actions,
-            rewards=rewards.view(-1),
-            next_obs=next_obs,
-            terminations=terminations.view(-1),
-        )
-
-
 def critic_loss(qf_model, qf_target, actor, obs, actions, rewards, next_obs, terminations, alpha, gamma: float):
     """The twin soft-Q losses of one local batch; returns (qf1 values, qf2 values, qf1 loss, qf2 loss).
 
@@ -247,7 +217,7 @@ def critic_loss(qf_model, qf_target, actor, obs, actions, rewards, next_obs, ter
 
 def policy_loss(actor_model, qf, obs, alpha):
     """The actor's loss on one local batch; `actor_model` is the DDP-wrapped actor (or the plain one), `qf`
-    the unwrapped critics, frozen by the caller (`update_actor`)."""
+    the unwrapped critics, frozen by the caller (`actor_update`)."""
     pi, log_pi, _ = actor_model(obs)
     qf1_pi, qf2_pi = qf(obs, pi)
     return ((alpha * log_pi.view(-1)) - torch.min(qf1_pi, qf2_pi)).mean()
@@ -260,63 +230,77 @@ def temperature_loss(actor, log_alpha, obs, target_entropy: float):
     return (-log_alpha.exp() * (log_pi + target_entropy)).mean()
 
 
-def update_critics(
-    data: dict, qf_model, qf, qf_target, actor, q_optimizer, alpha, args: Args, world_size: int, critic_loss_fn
-):
-    """One step of the twin critics on this rank's batch `data`, gradients averaged over ranks, with
-    `critic_loss_fn` (`critic_loss`, compiled with --compile). Returns the losses' means, on the device."""
-    qf1_a_values, qf2_a_values, qf1_loss, qf2_loss = critic_loss_fn(
-        qf_model, qf_target, actor, **data, alpha=alpha, gamma=args.gamma
-    )
-    q_optimizer.zero_grad(set_to_none=False)
-    (qf1_loss + qf2_loss).backward()
-    if world_size > 1 and args.grad_sync == "flat":
-        all_reduce_gradients_flat(list(qf.parameters()), world_size)
-    q_optimizer.step()
-    return torch.stack((qf1_a_values.mean(), qf2_a_values.mean(), qf1_loss, qf2_loss)).detach()
+def critic_stages(qf_model, qf, qf_target, actor, q_optimizer, alpha, args: Args, world_size: int, critic_loss_fn):
+    """One step of the twin critics on this rank's batch `data`, as the stages of a `graphs.Update`: the losses
+    (`critic_loss_fn`: `critic_loss`, compiled with --compile) and their gradients, their average over ranks, the
+    Adam step. The first stage returns the losses' means, on the device."""
+
+    def critic_backward(data):
+        qf1_a_values, qf2_a_values, qf1_loss, qf2_loss = critic_loss_fn(
+            qf_model, qf_target, actor, **data, alpha=alpha, gamma=args.gamma
+        )
+        q_optimizer.zero_grad(set_to_none=False)
+        (qf1_loss + qf2_loss).backward()
+        return torch.stack((qf1_a_values.mean(), qf2_a_values.mean(), qf1_loss, qf2_loss)).detach()
+
+    def critic_step(_):
+        q_optimizer.step()
+
+    return [critic_backward, all_reduce(qf.parameters(), world_size, args.grad_sync == "flat"), critic_step]
 
 
-def update_actor(
-    obs,
-    actor_model,
-    actor,
-    qf,
-    actor_optimizer,
-    log_alpha,
-    alpha,
-    a_optimizer,
-    args: Args,
-    world_size: int,
-    target_entropy: float,
-    policy_loss_fn,
-    temperature_loss_fn,
-):
-    """One step of the actor and (with --autotune) of the entropy temperature on this rank's `obs`; `alpha`
-    (a device tensor) is updated in place. The loss functions are `policy_loss` and `temperature_loss`,
-    compiled with --compile. Returns (actor loss, temperature loss), on the device."""
-    # CRUCIAL: the critics are called unwrapped with their parameters frozen, so the actor's backward neither
-    # reaches the critics' DDP hooks (an all-reduce the flat path would not make) nor leaves critic gradients.
-    qf.requires_grad_(False)
-    actor_loss = policy_loss_fn(actor_model, qf, obs, alpha)
-    qf.requires_grad_(True)
-    actor_optimizer.zero_grad(set_to_none=False)
-    actor_loss.backward()
-    if world_size > 1 and args.grad_sync == "flat":
-        all_reduce_gradients_flat(list(actor.parameters()), world_size)
-    actor_optimizer.step()
-    actor_loss = actor_loss.detach().clone()  # a copy: under CUDA graphs the next compiled call reuses its memory
-    if not args.autotune:
-        return torch.stack((actor_loss, torch.zeros_like(actor_loss)))
-    a_loss = temperature_loss_fn(actor, log_alpha, obs, target_entropy)
-    a_optimizer.zero_grad(set_to_none=False)
-    a_loss.backward()
+def actor_stages(actor_model, actor, qf, actor_optimizer, alpha, args: Args, world_size: int, policy_loss_fn):
+    """One step of the actor on this rank's `obs` (`policy_loss_fn`: `policy_loss`, compiled with --compile), as
+    the stages of a `graphs.Update`; the first returns the actor's loss, on the device."""
+
+    def actor_backward(obs):
+        # CRUCIAL: the critics are called unwrapped with their parameters frozen, so the actor's backward neither
+        # reaches the critics' DDP hooks (an all-reduce the flat path would not make) nor leaves critic gradients.
+        qf.requires_grad_(False)
+        actor_loss = policy_loss_fn(actor_model, qf, obs, alpha)
+        qf.requires_grad_(True)
+        actor_optimizer.zero_grad(set_to_none=False)
+        actor_loss.backward()
+        return actor_loss.detach().clone()  # a copy: under CUDA graphs the next compiled call reuses its memory
+
+    def actor_step(_):
+        actor_optimizer.step()
+
+    return [actor_backward, all_reduce(actor.parameters(), world_size, args.grad_sync == "flat"), actor_step]
+
+
+def temperature_stages(actor, log_alpha, alpha, a_optimizer, world_size: int, target_entropy, temperature_loss_fn):
+    """One step of the entropy temperature on this rank's `obs` (`temperature_loss_fn`: `temperature_loss`), as the
+    stages of a `graphs.Update`: `alpha` (a device tensor) is updated in place; the first returns the loss."""
+
+    def temperature_backward(obs):
+        a_loss = temperature_loss_fn(actor, log_alpha, obs, target_entropy)
+        a_optimizer.zero_grad(set_to_none=False)
+        a_loss.backward()
+        return a_loss.detach()
+
+    def temperature_step(_):
+        a_optimizer.step()
+        with torch.no_grad():
+            alpha.copy_(log_alpha.exp())
+
     # CRUCIAL: log_alpha is outside every DDP wrapper; its gradient comes from this rank's log-probabilities,
     # so it is averaged by hand (on both --grad-sync paths)
-    all_reduce_gradients_flat([log_alpha], world_size)
-    a_optimizer.step()
-    with torch.no_grad():
-        alpha.copy_(log_alpha.exp())
-    return torch.stack((actor_loss, a_loss)).detach()
+    return [temperature_backward, all_reduce([log_alpha], world_size), temperature_step]
+
+
+@torch.no_grad()
+def soft_update(nets, targets, tau: float) -> None:
+    """Polyak-average the `targets`' parameters towards the `nets`' (tau x online + (1 - tau) x target) in one
+    foreach lerp: one kernel for all of them."""
+    online = [p for net in nets for p in net.parameters()]
+    torch._foreach_lerp_([p for target in targets for p in target.parameters()], online, tau)
+
+
+def all_reduce(params, world_size: int, flat: bool = True):
+    """The flat all-reduce of `params`' gradients, a stage of an update run between CUDA graphs; None where there is
+    none: at world size 1, and under DDP (`flat` False), which all-reduces inside backward."""
+    return graphs.Outside(all_reduce_gradients_flat, list(params), world_size) if world_size > 1 and flat else None
 
 
 def all_reduce_gradients_flat(params, world_size: int) -> None:
@@ -344,6 +328,7 @@ def main() -> None:
     rank, world_size, device = run.rank, run.world_size, run.device
     rt.check_env(args.env_id, make_env, gym.spaces.Box, hint="try Hopper-v5, HalfCheetah-v5 or Pendulum-v1")
     sizes = derive_sizes(args, world_size)
+    cudagraphs = graphs.enabled(args, run)  # --cudagraphs on CUDA (on the CPU the same functions run eagerly)
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = ckpt["global_step"] if ckpt else 0
     # the replay buffers are not saved: a resumed run refills them first, acting with the resumed actor
@@ -372,13 +357,13 @@ def main() -> None:
             dist.broadcast(tensor, src=0)
     qf_target = TwinQ(obs_dim, action_dim).to(device)
     qf_target.load_state_dict(qf.state_dict())  # a copy of the synchronised critics
-    # fused: one kernel per step for all parameters
-    q_optimizer = optim.Adam(qf.parameters(), lr=args.q_lr, fused=True)
-    actor_optimizer = optim.Adam(actor.parameters(), lr=args.policy_lr, fused=True)
+    # fused: one kernel per step for all parameters; capturable: a CUDA graph may hold the step (the same math)
+    q_optimizer = optim.Adam(qf.parameters(), lr=args.q_lr, fused=True, capturable=True)
+    actor_optimizer = optim.Adam(actor.parameters(), lr=args.policy_lr, fused=True, capturable=True)
     # Automatic entropy tuning (log_alpha starts at 0 on every rank; with --no-autotune it stays unused)
     target_entropy = -float(action_dim)
     log_alpha = torch.zeros(1, requires_grad=True, device=device)
-    a_optimizer = optim.Adam([log_alpha], lr=args.q_lr, fused=True)
+    a_optimizer = optim.Adam([log_alpha], lr=args.q_lr, fused=True, capturable=True)
     rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
     # every learned quantity by its checkpoint key: all must stay identical on every rank
     learned = dict(actor=actor, qf=qf, qf_target=qf_target, actor_optimizer=actor_optimizer)
@@ -400,18 +385,33 @@ def main() -> None:
     # the actor's buffers (action scale and bias) are constants, equal on every rank: no broadcast per forward
     actor_model = DDP(actor, broadcast_buffers=False) if ddp else actor
     qf_model = DDP(qf) if ddp else qf
-    # --compile: the losses and (AOTAutograd) their backward; the updates around them stay eager
-    compile_mode = "reduce-overhead" if run.on_cuda else None
+    # --compile: the losses and (AOTAutograd) their backward; CUDA graphs hold them (reduce-overhead) or the updates
+    compile_mode = "reduce-overhead" if run.on_cuda and not cudagraphs else None
     losses = (critic_loss, policy_loss, temperature_loss)
     critic_loss_fn, policy_loss_fn, temperature_loss_fn = (
         torch.compile(f, mode=compile_mode) if args.compile else f for f in losses
     )
+    # the updates, each one call (--cudagraphs: one CUDA graph at world size 1); the critics' with and without the
+    # Polyak update of the target critics (every rank, from its identical critics, after the same update)
+    critic = critic_stages(qf_model, qf, qf_target, actor, q_optimizer, alpha, args, world_size, critic_loss_fn)
+
+    def update_targets(_):
+        soft_update([qf], [qf_target], args.tau)
+
+    critic_updates = [graphs.Update(cudagraphs, *critic), graphs.Update(cudagraphs, *critic, update_targets)]
+    stages = actor_stages(actor_model, actor, qf, actor_optimizer, alpha, args, world_size, policy_loss_fn)
+    if args.autotune:
+        stages += temperature_stages(
+            actor, log_alpha, alpha, a_optimizer, world_size, target_entropy, temperature_loss_fn
+        )
+    update_actor = graphs.Update(cudagraphs, *stages)
+    act = graphs.graphed(lambda obs: actor(obs)[0], cudagraphs)  # the unwrapped actor: acting is not through DDP
 
     # the envs are not saved: a resumed run seeds them past the earlier attempts' seeds
     obs, _ = envs.reset(seed=args.seed + rank * n + (start_iteration - 1) * sizes.num_envs)
     # the replay buffer lives on the training device, sampled there by this rank's own generator
     sample_seed = int(np.random.SeedSequence([args.seed, rank, start_iteration]).generate_state(1)[0])
-    rb = ReplayBuffer(sizes.local_buffer_size, obs_dim, action_dim, device, sample_seed)
+    rb = replay.ReplayBuffer(sizes.local_buffer_size, obs_dim, action_dim, device, sample_seed)
     episodes = rt.Episodes(n)
     # this rank's update sums since the last logged step, on the device until then
     loss_names = ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss", "actor_loss", "alpha_loss")
@@ -428,8 +428,8 @@ def main() -> None:
         if prev_step < args.learning_starts:
             actions = np.random.uniform(action_low, action_high, (n, action_dim)).astype(np.float32)
         else:
-            with torch.no_grad():  # the unwrapped actor: acting must not go through DDP
-                actions, _, _ = actor(rt.to_device(obs, device, dtype=torch.float32))
+            with torch.no_grad():
+                actions = act(rt.to_device(obs, device, dtype=torch.float32))
             actions = actions.cpu().numpy()  # the one wait for the device per env step
 
         # TRY NOT TO MODIFY: execute the game and log data.
@@ -449,9 +449,8 @@ def main() -> None:
             update_start = time.perf_counter()
             for _ in range(args.updates_per_iteration):
                 data = rb.sample(args.local_batch_size)
-                critic_stats = update_critics(
-                    data, qf_model, qf, qf_target, actor, q_optimizer, alpha, args, world_size, critic_loss_fn
-                )
+                targets = (num_updates + 1) % args.target_network_frequency == 0
+                (critic_stats,) = critic_updates[targets](data)
                 num_updates += 1
                 sums["updates"] += 1
                 for k, v in zip(loss_names[:4], critic_stats, strict=True):
@@ -459,31 +458,11 @@ def main() -> None:
 
                 if num_updates % args.policy_frequency == 0:  # TD3's delayed update
                     for _ in range(args.policy_frequency):  # compensate for the delay with as many actor updates
-                        actor_stats = update_actor(
-                            data["obs"],
-                            actor_model,
-                            actor,
-                            qf,
-                            actor_optimizer,
-                            log_alpha,
-                            alpha,
-                            a_optimizer,
-                            args,
-                            world_size,
-                            target_entropy,
-                            policy_loss_fn,
-                            temperature_loss_fn,
-                        )
+                        actor_stats = update_actor(data["obs"])
                         num_actor_updates += 1
                         sums["actor_updates"] += 1
-                        for k, v in zip(loss_names[4:], actor_stats, strict=True):
+                        for k, v in zip(loss_names[4:], actor_stats, strict=False):  # no alpha_loss if --no-autotune
                             sums[k] += v.double()
-
-                # update the target networks: every rank, from its identical critics, after the same update
-                if num_updates % args.target_network_frequency == 0:
-                    with torch.no_grad():
-                        for param, target_param in zip(qf.parameters(), qf_target.parameters(), strict=True):
-                            target_param.lerp_(param, args.tau)  # tau * param + (1 - tau) * target_param
             update_seconds += time.perf_counter() - update_start
 
         # metrics of ALL ranks, by name in one all-reduce

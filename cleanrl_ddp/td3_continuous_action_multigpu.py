@@ -24,7 +24,7 @@ import torch.optim as optim
 import tyro
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from cleanrl_ddp import evals
+from cleanrl_ddp import evals, graphs, replay
 from cleanrl_ddp import runtime as rt
 
 SCRIPT = os.path.basename(__file__)[: -len(".py")]
@@ -76,6 +76,8 @@ class Args(rt.RunArgs):
     """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
     compile: bool = False
     """if toggled, `torch.compile` the two losses and their backward (CUDA: with CUDA graphs, mode reduce-overhead)"""
+    cudagraphs: bool = False
+    """if toggled, each update and the action choice are CUDA graphs (CUDA only; 2+ ranks: with --grad-sync flat)"""
 
 
 def make_env(env_id: str, render_mode: Optional[str] = None):
@@ -146,7 +148,7 @@ def load_agent(ckpt: dict, device) -> Actor:
     return actor
 
 
-# ALGO LOGIC: sizes, the replay buffer, the losses, the updates and the gradient all-reduce
+# ALGO LOGIC: sizes, the losses, the updates and the gradient all-reduce
 @dataclass(frozen=True)
 class Sizes(rt.Sizes):
     local_buffer_size: int
@@ -178,38 +180,6 @@ def derive_sizes(args: Args, world_size: int) -> Sizes:
     )
 
 
-class ReplayBuffer:
-    """One rank's replay memory on `device`: a ring of transitions, one float32 row each, sampled there
-    from a generator of its own."""
-
-    def __init__(self, capacity: int, obs_dim: int, action_dim: int, device, seed: int):
-        self.capacity, self.pos, self.size = capacity, 0, 0
-        self.widths = (obs_dim, obs_dim, action_dim, 1, 1)
-        self.rows = torch.zeros((capacity, sum(self.widths)), device=device)
-        self.generator = torch.Generator(device=device).manual_seed(seed)
-
-    def add(self, obs, next_obs, actions, rewards, terminations) -> None:
-        """Store one step of every env (host arrays) with one copy to the device."""
-        n = len(obs)
-        host = np.concatenate([obs, next_obs, actions, rewards[:, None], terminations[:, None]], axis=1)
-        idx = (self.pos + torch.arange(n, device=self.rows.device)) % self.capacity
-        self.rows[idx] = rt.to_device(host, self.rows.device, dtype=torch.float32)
-        self.pos = (self.pos + n) % self.capacity
-        self.size = min(self.size + n, self.capacity)
-
-    def sample(self, batch_size: int) -> dict:
-        """Uniform over the stored transitions, drawn on the device: no wait for it."""
-        idx = torch.randint(0, self.size, (batch_size,), device=self.rows.device, generator=self.generator)
-        obs, next_obs, actions, rewards, terminations = self.rows[idx].split(self.widths, dim=1)
-        return dict(
-            obs=obs,
-            actions=actions,
-            rewards=rewards.view(-1),
-            next_obs=next_obs,
-            terminations=terminations.view(-1),
-        )
-
-
 def critic_loss(qf_model, qf_target, target_actor, obs, actions, rewards, next_obs, terminations, args: Args):
     """The twin Q losses of one local batch; returns (qf1 values, qf2 values, qf1 loss, qf2 loss).
 
@@ -233,48 +203,69 @@ def critic_loss(qf_model, qf_target, target_actor, obs, actions, rewards, next_o
 
 def policy_loss(actor_model, qf, obs):
     """The actor's loss on one local batch, through the first critic; `actor_model` is the DDP-wrapped actor
-    (or the plain one), `qf` the unwrapped critics, frozen by the caller (`update_actor`)."""
+    (or the plain one), `qf` the unwrapped critics, frozen by the caller (`actor_stages`)."""
     qf1_pi = qf.qf1(obs, actor_model(obs))
     return -qf1_pi.mean()
 
 
-def update_critics(
-    data: dict, qf_model, qf, qf_target, target_actor, q_optimizer, args: Args, world_size: int, critic_loss_fn
-):
-    """One step of the twin critics on this rank's batch `data`, gradients averaged over ranks, with
-    `critic_loss_fn` (`critic_loss`, compiled with --compile). Returns the losses' means, on the device."""
-    qf1_a_values, qf2_a_values, qf1_loss, qf2_loss = critic_loss_fn(
-        qf_model, qf_target, target_actor, **data, args=args
-    )
-    q_optimizer.zero_grad(set_to_none=False)
-    (qf1_loss + qf2_loss).backward()
-    if world_size > 1 and args.grad_sync == "flat":
-        all_reduce_gradients_flat(list(qf.parameters()), world_size)
-    q_optimizer.step()
-    return torch.stack((qf1_a_values.mean(), qf2_a_values.mean(), qf1_loss, qf2_loss)).detach()
+def critic_stages(qf_model, qf, qf_target, target_actor, q_optimizer, args: Args, world_size: int, critic_loss_fn):
+    """One step of the twin critics on this rank's batch `data`, as the stages of a `graphs.Update`: the losses
+    (`critic_loss_fn`: `critic_loss`, compiled with --compile) and their gradients, their average over ranks, the
+    Adam step. The first stage returns the losses' means, on the device."""
+
+    def critic_backward(data):
+        qf1_a_values, qf2_a_values, qf1_loss, qf2_loss = critic_loss_fn(
+            qf_model, qf_target, target_actor, **data, args=args
+        )
+        q_optimizer.zero_grad(set_to_none=False)
+        (qf1_loss + qf2_loss).backward()
+        return torch.stack((qf1_a_values.mean(), qf2_a_values.mean(), qf1_loss, qf2_loss)).detach()
+
+    def critic_step(_):
+        q_optimizer.step()
+
+    return [critic_backward, all_reduce(qf.parameters(), world_size, args.grad_sync == "flat"), critic_step]
 
 
-def update_actor(
-    obs, actor_model, actor, qf, target_actor, qf_target, actor_optimizer, args: Args, world_size: int, policy_loss_fn
+def actor_stages(
+    actor_model, actor, qf, target_actor, qf_target, actor_optimizer, args: Args, world_size, policy_loss_fn
 ):
-    """One step of the actor on this rank's `obs`, then the Polyak update of both target networks (every
-    rank, from its identical networks, after the same update). `policy_loss_fn` is `policy_loss`, compiled
-    with --compile. Returns the actor loss, on the device."""
-    # CRUCIAL: the critics are called unwrapped with their parameters frozen, so the actor's backward neither
-    # reaches the critics' DDP hooks (an all-reduce the flat path would not make) nor leaves critic gradients.
-    qf.requires_grad_(False)
-    actor_loss = policy_loss_fn(actor_model, qf, obs)
-    qf.requires_grad_(True)
-    actor_optimizer.zero_grad(set_to_none=False)
-    actor_loss.backward()
-    if world_size > 1 and args.grad_sync == "flat":
-        all_reduce_gradients_flat(list(actor.parameters()), world_size)
-    actor_optimizer.step()
-    with torch.no_grad():
-        for net, target in ((actor, target_actor), (qf, qf_target)):
-            for param, target_param in zip(net.parameters(), target.parameters(), strict=True):
-                target_param.lerp_(param, args.tau)  # tau * param + (1 - tau) * target_param
-    return actor_loss.detach()
+    """One step of the actor on this rank's `obs` (`policy_loss_fn`: `policy_loss`, compiled with --compile), then
+    the Polyak update of both target networks (every rank, from its identical networks, after the same update), as
+    the stages of a `graphs.Update`; the first returns the actor's loss, on the device."""
+
+    def actor_backward(obs):
+        # CRUCIAL: the critics are called unwrapped with their parameters frozen, so the actor's backward neither
+        # reaches the critics' DDP hooks (an all-reduce the flat path would not make) nor leaves critic gradients.
+        qf.requires_grad_(False)
+        actor_loss = policy_loss_fn(actor_model, qf, obs)
+        qf.requires_grad_(True)
+        actor_optimizer.zero_grad(set_to_none=False)
+        actor_loss.backward()
+        return actor_loss.detach()
+
+    def actor_step(_):
+        actor_optimizer.step()
+
+    def update_targets(_):
+        soft_update([actor, qf], [target_actor, qf_target], args.tau)
+
+    sync = all_reduce(actor.parameters(), world_size, args.grad_sync == "flat")
+    return [actor_backward, sync, actor_step, update_targets]
+
+
+@torch.no_grad()
+def soft_update(nets, targets, tau: float) -> None:
+    """Polyak-average the `targets`' parameters towards the `nets`' (tau x online + (1 - tau) x target) in one
+    foreach lerp: one kernel for all of them."""
+    online = [p for net in nets for p in net.parameters()]
+    torch._foreach_lerp_([p for target in targets for p in target.parameters()], online, tau)
+
+
+def all_reduce(params, world_size: int, flat: bool = True):
+    """The flat all-reduce of `params`' gradients, a stage of an update run between CUDA graphs; None where there is
+    none: at world size 1, and under DDP (`flat` False), which all-reduces inside backward."""
+    return graphs.Outside(all_reduce_gradients_flat, list(params), world_size) if world_size > 1 and flat else None
 
 
 def all_reduce_gradients_flat(params, world_size: int) -> None:
@@ -302,6 +293,7 @@ def main() -> None:
     rank, world_size, device = run.rank, run.world_size, run.device
     rt.check_env(args.env_id, make_env, gym.spaces.Box, hint="try Hopper-v5, HalfCheetah-v5 or Pendulum-v1")
     sizes = derive_sizes(args, world_size)
+    cudagraphs = graphs.enabled(args, run)  # --cudagraphs on CUDA (on the CPU the same functions run eagerly)
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = ckpt["global_step"] if ckpt else 0
     # the replay buffers are not saved: a resumed run refills them first, acting with the resumed actor
@@ -331,9 +323,9 @@ def main() -> None:
     target_actor, qf_target = Actor(**agent_kwargs).to(device), TwinQ(obs_dim, action_dim).to(device)
     target_actor.load_state_dict(actor.state_dict())  # copies of the synchronised networks
     qf_target.load_state_dict(qf.state_dict())
-    # fused: one kernel per step for all parameters
-    q_optimizer = optim.Adam(qf.parameters(), lr=args.learning_rate, fused=True)
-    actor_optimizer = optim.Adam(actor.parameters(), lr=args.learning_rate, fused=True)
+    # fused: one kernel per step for all parameters; capturable: a CUDA graph may hold the step (the same math)
+    q_optimizer = optim.Adam(qf.parameters(), lr=args.learning_rate, fused=True, capturable=True)
+    actor_optimizer = optim.Adam(actor.parameters(), lr=args.learning_rate, fused=True, capturable=True)
     rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
     # every learned quantity by its checkpoint key: all must stay identical on every rank
     learned = dict(actor=actor, target_actor=target_actor, qf=qf, qf_target=qf_target)
@@ -351,17 +343,26 @@ def main() -> None:
     # the actor's buffers (action scale and bias) are constants, equal on every rank: no broadcast per forward
     actor_model = DDP(actor, broadcast_buffers=False) if ddp else actor
     qf_model = DDP(qf) if ddp else qf
-    # --compile: the losses and (AOTAutograd) their backward; the updates around them stay eager
-    compile_mode = "reduce-overhead" if run.on_cuda else None
+    # --compile: the losses and (AOTAutograd) their backward; CUDA graphs hold them (reduce-overhead) or the updates
+    compile_mode = "reduce-overhead" if run.on_cuda and not cudagraphs else None
     critic_loss_fn, policy_loss_fn = (
         torch.compile(f, mode=compile_mode) if args.compile else f for f in (critic_loss, policy_loss)
     )
+    # the updates, each one call (--cudagraphs: one CUDA graph at world size 1)
+    stages = critic_stages(qf_model, qf, qf_target, target_actor, q_optimizer, args, world_size, critic_loss_fn)
+    update_critics = graphs.Update(cudagraphs, *stages)
+    stages = actor_stages(
+        actor_model, actor, qf, target_actor, qf_target, actor_optimizer, args, world_size, policy_loss_fn
+    )
+    update_actor = graphs.Update(cudagraphs, *stages)
+    # the exploring action is evaluation's sampled one: the unwrapped actor (acting is not through DDP) plus noise
+    act = graphs.graphed(lambda obs: eval_action(actor, obs, False, None, args), cudagraphs)
 
     # the envs are not saved: a resumed run seeds them past the earlier attempts' seeds
     obs, _ = envs.reset(seed=args.seed + rank * n + (start_iteration - 1) * sizes.num_envs)
     # the replay buffer lives on the training device, sampled there by this rank's own generator
     sample_seed = int(np.random.SeedSequence([args.seed, rank, start_iteration]).generate_state(1)[0])
-    rb = ReplayBuffer(sizes.local_buffer_size, obs_dim, action_dim, device, sample_seed)
+    rb = replay.ReplayBuffer(sizes.local_buffer_size, obs_dim, action_dim, device, sample_seed)
     episodes = rt.Episodes(n)
     # this rank's update sums since the last logged step, on the device until then
     loss_names = ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss")
@@ -378,9 +379,8 @@ def main() -> None:
         if prev_step < args.learning_starts:
             actions = np.random.uniform(action_low, action_high, (n, action_dim)).astype(np.float32)
         else:
-            with torch.no_grad():  # the unwrapped actor: acting must not go through DDP; noise from this rank's stream
-                actions = actor(rt.to_device(obs, device, dtype=torch.float32))
-                actions += torch.randn(actions.shape, device=device) * actor.action_scale * args.exploration_noise
+            with torch.no_grad():  # the noise from this rank's stream
+                actions = act(rt.to_device(obs, device, dtype=torch.float32))
             actions = actions.cpu().numpy().clip(action_low, action_high)  # the one wait for the device per env step
 
         # TRY NOT TO MODIFY: execute the game and log data.
@@ -400,27 +400,14 @@ def main() -> None:
             update_start = time.perf_counter()
             for _ in range(args.updates_per_iteration):
                 data = rb.sample(args.local_batch_size)
-                critic_stats = update_critics(
-                    data, qf_model, qf, qf_target, target_actor, q_optimizer, args, world_size, critic_loss_fn
-                )
+                (critic_stats,) = update_critics(data)
                 num_updates += 1
                 sums["updates"] += 1
                 for k, v in zip(loss_names, critic_stats, strict=True):
                     sums[k] += v.double()
 
                 if num_updates % args.policy_frequency == 0:  # TD3's delayed update, then the target networks
-                    actor_loss = update_actor(
-                        data["obs"],
-                        actor_model,
-                        actor,
-                        qf,
-                        target_actor,
-                        qf_target,
-                        actor_optimizer,
-                        args,
-                        world_size,
-                        policy_loss_fn,
-                    )
+                    (actor_loss,) = update_actor(data["obs"])
                     num_actor_updates += 1
                     sums["actor_updates"] += 1
                     sums["actor_loss"] += actor_loss.double()

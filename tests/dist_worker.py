@@ -6,11 +6,12 @@
     torchrun ... tests/dist_worker.py pinned  OUTDIR cleanrl_ddp/<script>.py [script flags...]
 
 `unit` imports each listed script's own network and update (PPO: ppo_loss and all_reduce_gradients_flat; DQN:
-update_q_network; SAC, TD3: update_critics and update_actor, with their losses also compiled) and the run module's
+update_q_network; SAC, TD3: their update stages, with their losses also compiled) and the run module's
 check_replicas_in_sync, and compares distributed updates with the single-process updates on the union of the
 local minibatches; one launch covers several scripts. Then it runs the real `main()` of each script with a
 --compile flag (`ScriptSpec.compiled`), in the same processes, with --compile under DDP and with --grad-sync flat,
-and records what torch.compile traced (`compiled_run`).
+and records what torch.compile traced (`compiled_run`); and of each script with --cudagraphs (`ScriptSpec.graphed`)
+with --grad-sync flat, recording what the functions that a GPU captures did (`graphed_run`).
 `observe` runs the real script unchanged (runpy, as `__main__`) and records from outside what every
 rank did: env seeds, env steps, sampled actions, RNG streams, optimizer steps, parameters before the
 first update, final parameters and optimizer state, the env step of every optimizer step, target networks
@@ -32,6 +33,7 @@ import random
 import re
 import runpy
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +43,7 @@ import numpy as np
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from cleanrl_ddp import graphs
 from cleanrl_ddp.runtime import RunError, check_replicas_in_sync
 
 
@@ -85,6 +88,11 @@ class ScriptSpec:
     """the functions that the script's --compile compiles (its losses); empty: the script has no --compile"""
     compile_timesteps: int = 0
     """--total-timesteps of the 2-rank --compile runs of `unit` (with `tiny`): a few updates of every loss"""
+    graphed: tuple = ()
+    """the functions that --cudagraphs captures at 2 ranks with --grad-sync flat (`graphs.graphed`, by name); empty:
+    the script has no --cudagraphs"""
+    graphed_timesteps: int = 0
+    """--total-timesteps of the 2-rank --cudagraphs run of `unit` (with `tiny`): every captured function replayed"""
 
 
 SCRIPTS = {
@@ -186,6 +194,10 @@ SCRIPTS = {
             update_rtol=1e-4,  # Adam's eps 1e-8, as DQN's
             compiled=("critic_loss", "policy_loss", "temperature_loss"),
             compile_timesteps=36,  # updates at global steps 34 and 36: 4 critic, 4 actor and 4 temperature steps
+            # at 2 ranks, flat: each update cut at its all-reduces (the action choice is the lambda)
+            graphed=("<lambda>", "critic_backward", "critic_step+update_targets", "actor_backward")
+            + ("actor_step+temperature_backward", "temperature_step"),
+            graphed_timesteps=44,  # 6 iterations with updates: 6 actions, 12 critic and 12 actor steps
         ),
         ScriptSpec(
             "td3_continuous_action_multigpu.py",  # unit: Hopper-v5's 11 observations, 3 actions
@@ -203,6 +215,8 @@ SCRIPTS = {
             update_rtol=1e-4,
             compiled=("critic_loss", "policy_loss"),
             compile_timesteps=36,  # updates at global steps 34 and 36: 4 critic and 2 actor steps
+            graphed=("<lambda>", "critic_backward", "critic_step", "actor_backward", "actor_step+update_targets"),
+            graphed_timesteps=44,  # 6 iterations with updates: 6 actions, 12 critic and 6 actor steps
         ),
     ]
 }
@@ -364,11 +378,12 @@ def unit_script(script_path: str, rank: int, world_size: int) -> dict:
 def unit_sac(script_path: str, rank: int, world_size: int) -> dict:
     """SAC's updates on 2 ranks (DDP and flat) against one process on the union of the local minibatches.
 
-    The script's own update_critics and update_actor, in the loop's order: a critic update; after every
-    `policy_frequency`-th one that many actor (and temperature) updates; a Polyak update of the target critics
-    after each. The actor's Gaussian noise is a fixed table indexed by (actor call, sample id), the id carried in
-    observation feature 0, so both sides draw the same noise per sample. Then the same updates with the three losses
-    compiled, as --compile compiles them, against eager (`compiled_vs_eager`).
+    The script's own update stages (critic_stages, actor_stages, temperature_stages, soft_update), composed as its
+    main() composes them: a critic update with the Polyak update of the target critics; after every
+    `policy_frequency`-th one that many actor (and temperature) updates. The actor's Gaussian noise is a fixed
+    table indexed by (actor call, sample id), the id carried in observation feature 0, so both sides draw the same
+    noise per sample. Then the same updates with the three losses compiled, as --compile compiles them, against
+    eager (`compiled_vs_eager`).
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -420,23 +435,24 @@ def unit_sac(script_path: str, rank: int, world_size: int) -> dict:
                 opt.register_step_pre_hook(record_grads(grads[name]))
         critic_grads_touched = False
         calls[0] = 0
+        # the updates as main() builds them: the critics' stages and the target critics' Polyak update; the actor's
+        # and the temperature's stages (graphs.Update, eager here as on every CPU)
+        stages = mod.critic_stages(qf_model, qf, qf_target, actor, q_optimizer, alpha, run_args, ws, losses[0])
+        update_critics = graphs.Update(False, *stages, lambda _: mod.soft_update([qf], [qf_target], args.tau))
+        stages = mod.actor_stages(actor_model, actor, qf, actor_optimizer, alpha, run_args, ws, losses[1])
+        stages += mod.temperature_stages(actor, log_alpha, alpha, a_optimizer, ws, -float(action_dim), losses[2])
+        update_actor = graphs.Update(False, *stages)
         for k in range(num_updates):
             start = k * world_size * local_mb + (rank * local_mb if distributed else 0)
             rows = slice(start, start + (local_mb if distributed else world_size * local_mb))
             data = {key: t[rows] for key, t in batch.items()}
-            mod.update_critics(data, qf_model, qf, qf_target, actor, q_optimizer, alpha, run_args, ws, losses[0])
+            update_critics(data)
             critic_grads = flat_params(p.grad for p in qf.parameters())
             if (k + 1) % args.policy_frequency == 0:
                 for _ in range(args.policy_frequency):
-                    mod.update_actor(
-                        data["obs"], actor_model, actor, qf, actor_optimizer, log_alpha, alpha, a_optimizer, run_args,
-                        ws, -float(action_dim), *losses[1:],
-                    )  # fmt: skip
+                    update_actor(data["obs"])
                     # the actor's backward leaves the critics' gradients as the critic update left them
                     critic_grads_touched |= not torch.equal(flat_params(p.grad for p in qf.parameters()), critic_grads)
-            with torch.no_grad():
-                for param, target_param in zip(qf.parameters(), qf_target.parameters(), strict=True):
-                    target_param.lerp_(param, args.tau)
         hook.remove()
         final = dict(qf=flat_params(qf.parameters()), actor=flat_params(actor.parameters()))
         final |= dict(log_alpha=log_alpha.detach().clone(), qf_target=flat_params(qf_target.parameters()))
@@ -474,11 +490,11 @@ def unit_sac(script_path: str, rank: int, world_size: int) -> dict:
 def unit_td3(script_path: str, rank: int, world_size: int) -> dict:
     """TD3's updates on 2 ranks (DDP and flat) against one process on the union of the local minibatches.
 
-    The script's own update_critics and update_actor, in the loop's order: a critic update; after every
-    `policy_frequency`-th one an actor update with the Polyak update of the target actor and critics. The target
-    policy smoothing noise is a fixed table indexed by the transition's row in the global batch, so both sides draw
-    the same noise for the same transition. Then the same updates with the two losses compiled, as --compile
-    compiles them, against eager (`compiled_vs_eager`).
+    The script's own update stages (critic_stages, actor_stages), composed as its main() composes them: a critic
+    update; after every `policy_frequency`-th one an actor update with the Polyak update of the target actor and
+    critics. The target policy smoothing noise is a fixed table indexed by the transition's row in the global batch,
+    so both sides draw the same noise for the same transition. Then the same updates with the two losses compiled,
+    as --compile compiles them, against eager (`compiled_vs_eager`).
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -520,17 +536,21 @@ def unit_td3(script_path: str, rank: int, world_size: int) -> dict:
                 opt.register_step_pre_hook(record_grads(grads[name]))
         critic_grads_touched = False
         calls[0] = 0
+        # the updates as main() builds them (graphs.Update, eager here as on every CPU)
+        stages = mod.critic_stages(qf_model, qf, qf_target, target_actor, q_optimizer, run_args, ws, critic_loss)
+        update_critics = graphs.Update(False, *stages)
+        stages = mod.actor_stages(
+            actor_model, actor, qf, target_actor, qf_target, actor_optimizer, run_args, ws, policy_loss
+        )
+        update_actor = graphs.Update(False, *stages)
         for k in range(num_updates):
             start = k * world_size * local_mb + (rank * local_mb if distributed else 0)
             rows[0] = slice(start, start + (local_mb if distributed else world_size * local_mb))
             data = {key: t[rows[0]] for key, t in batch.items()}
-            mod.update_critics(data, qf_model, qf, qf_target, target_actor, q_optimizer, run_args, ws, critic_loss)
+            update_critics(data)
             critic_grads = flat_params(p.grad for p in qf.parameters())
             if (k + 1) % args.policy_frequency == 0:  # the actor, then both target networks
-                mod.update_actor(
-                    data["obs"], actor_model, actor, qf, target_actor, qf_target, actor_optimizer, run_args, ws,
-                    policy_loss,
-                )  # fmt: skip
+                update_actor(data["obs"])
                 critic_grads_touched |= not torch.equal(flat_params(p.grad for p in qf.parameters()), critic_grads)
         final = dict(qf=flat_params(qf.parameters()), actor=flat_params(actor.parameters()))
         final |= dict(
@@ -740,6 +760,97 @@ def compiled_run(script_path: str, flags: list, store, prefix: str) -> dict:
     return rec
 
 
+# the torch.distributed functions that communicate: any of them inside a captured function would be captured
+COLLECTIVE_FUNCTIONS = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter")
+COLLECTIVE_FUNCTIONS += ("reduce_scatter_tensor", "all_to_all", "all_to_all_single", "reduce", "gather", "scatter")
+COLLECTIVE_FUNCTIONS += ("barrier", "all_gather_object", "broadcast_object_list", "send", "recv", "isend", "irecv")
+
+
+def graphed_run(script_path: str, flags: list, store, prefix: str) -> dict:
+    """The real script's `main()` with `flags` and --cudagraphs, here (a rank of the `unit` launch): on the CPU the
+    same functions run eagerly, and every function that a GPU would capture (`graphs.graphed`) is watched. Returns
+    its calls by name; every torch.distributed call made while one runs (none may be: a captured collective) and
+    outside them, by function; and from its capture call (`graphs.WARMUP`) on, every gradient or optimizer state
+    tensor that a call allocated or replaced (none may be: the graph's memory would hold it)."""
+    import traceback
+
+    import torch.distributed as dist
+
+    rec = dict(graphed={}, collectives_inside=[], collectives_outside={}, allocated=[], error=None)
+    optimizers, inside = [], []
+
+    def persistent() -> dict:
+        """The storage of every gradient and optimizer state tensor, by (optimizer, parameter, what)."""
+        out = {}
+        for k, o in enumerate(optimizers):
+            for i, p in enumerate(p for g in o.param_groups for p in g["params"]):
+                where = f"optimizer {k} parameter {i} {list(p.shape)}"
+                out[f"{where} grad"] = None if p.grad is None else p.grad.data_ptr()
+                out |= {f"{where} {key}": v.data_ptr() for key, v in o.state.get(p, {}).items() if torch.is_tensor(v)}
+        return out
+
+    def recording_graphed(fn, enabled):
+        name, calls = fn.__name__, [0]
+        rec["graphed"].setdefault(name, 0)
+
+        def call(*args, **kw):
+            calls[0] += 1
+            rec["graphed"][name] += 1
+            before = persistent() if calls[0] >= graphs.WARMUP else None
+            inside.append(name)
+            try:
+                return fn(*args, **kw)
+            finally:
+                inside.pop()
+                after = persistent() if before is not None else {}
+                rec["allocated"] += [f"{name} call {calls[0]}: {k}" for k, v in after.items() if before.get(k) != v]
+
+        return call
+
+    def recording(function_name, real):
+        def call(*args, **kw):
+            if inside:
+                rec["collectives_inside"].append(f"{function_name} inside {inside[-1]}")
+            else:
+                rec["collectives_outside"][function_name] = rec["collectives_outside"].get(function_name, 0) + 1
+            return real(*args, **kw)
+
+        return call
+
+    def recording_optimizer_init(self, *args, **kw):
+        optimizer_init(self, *args, **kw)
+        optimizers.append(self)
+
+    def init_process_group(*args, **kw):  # called by the script's rt.start
+        return dist_init(*args, store=dist.PrefixStore(prefix, store), **kw)
+
+    mod = import_script(script_path)
+    real = {name: getattr(dist, name) for name in COLLECTIVE_FUNCTIONS}
+    optimizer_init, dist_init, real_graphed = torch.optim.Optimizer.__init__, dist.init_process_group, graphs.graphed
+    for name, function in real.items():
+        setattr(dist, name, recording(name, function))
+    torch.optim.Optimizer.__init__, dist.init_process_group = recording_optimizer_init, init_process_group
+    graphs.graphed = recording_graphed
+    sys.argv = [script_path, *map(str, flags), "--cudagraphs"]
+    start = time.perf_counter()
+    try:
+        mod.main()
+    except BaseException:
+        rec["error"] = traceback.format_exc()
+    finally:
+        for name, function in real.items():
+            setattr(dist, name, function)
+        torch.optim.Optimizer.__init__, dist.init_process_group, graphs.graphed = (
+            optimizer_init,
+            dist_init,
+            real_graphed,
+        )
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    rec["seconds"] = time.perf_counter() - start
+    return rec
+
+
 def unit(outdir: Path, script_paths: list) -> None:
     import torch.distributed as dist
 
@@ -759,6 +870,11 @@ def unit(outdir: Path, script_paths: list) -> None:
             flags += ["--total-timesteps", spec.compile_timesteps, "--runs-dir", outdir / f"runs-{stem}-{grad_sync}"]
             out = compiled_run(script_path, flags, store, prefix=f"{stem}-{grad_sync}/")
             (outdir / f"{stem}_compiled_{grad_sync}_rank{rank}.json").write_text(json.dumps(out, indent=1))
+        if spec.graphed:  # --cudagraphs: its real main(), flat (DDP's all-reduce would be inside a graph)
+            flags = [*spec.tiny, "--seed", 7, "--dist-timeout", 60, "--grad-sync", "flat", "--sync-check-every", 1]
+            flags += ["--total-timesteps", spec.graphed_timesteps, "--runs-dir", outdir / f"runs-{stem}-graphed"]
+            out = graphed_run(script_path, flags, store, prefix=f"{stem}-graphed/")
+            (outdir / f"{stem}_graphed_rank{rank}.json").write_text(json.dumps(out, indent=1))
 
 
 # ------------------------------------------------------------------------------------------- observe

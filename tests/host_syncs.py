@@ -22,6 +22,10 @@
 - **shapes**: operations whose output shape depends on the data (the host must read a count):
   `nonzero`, `masked_select`, `unique`, boolean-mask indexing and assignment.
 
+Captured calls. Every function that `--cudagraphs` captures on a GPU (`graphs.graphed`, eager here) is watched:
+a wait of any kind while one runs belongs to the phase `captured`, counted per call, the optimizers' reads
+included (a captured `step()` must keep its counters on the device), whichever phase its line would give.
+
 Phases. Env steps (`SyncVectorEnv.step`, ALE's `AtariVectorEnv.send`, weighted by the envs stepped),
 updates (`step()` of the first optimizer that steps: the critic's in SAC/TD3; any optimizer's step marks
 an update's line) and logged steps (`runtime.log`) are markers. A wait inside a `runtime.py` call belongs
@@ -59,7 +63,7 @@ SCRIPTS = REPO / "cleanrl_ddp"
 RUNTIME = str(SCRIPTS / "runtime.py")
 SCRIPTS_DIR = str(SCRIPTS) + os.sep
 OPTIM_DIR = os.path.dirname(torch.optim.__file__) + os.sep
-PHASES = ("env_step", "update", "logged")
+PHASES = ("env_step", "update", "logged", "captured")
 
 aten = torch.ops.aten
 SCALAR_READS = {aten._local_scalar_dense.default}
@@ -134,6 +138,7 @@ class _Recorder(TorchDispatchMode):
         self.staging = _TensorSet()  # made with pin_memory=: page-locked on a GPU
         self.read_already = _TensorSet()  # a counted .cpu() result: its .numpy() is the same read
         self.quiet = 0  # inside a patched method that counted already (tolist/numpy dispatch nothing new)
+        self.captured = 0  # inside a function that --cudagraphs captures
         self.first_optimizer = None
         self.main_code = None  # the script's main() code object
 
@@ -148,7 +153,9 @@ class _Recorder(TorchDispatchMode):
         in_runtime = bool(ours) and ours[0][0] == RUNTIME
         sites = [f"{os.path.relpath(name, REPO)}:{line}" for name, line in ours]
         where = " <- ".join(sites) or "(outside cleanrl_ddp)"
-        self.events.append(("wait", kind, where, in_runtime, self.main_line(sys._getframe(1))))
+        if self.captured:
+            where = f"captured: {where}"
+        self.events.append(("wait", kind, where, in_runtime and not self.captured, self.main_line(sys._getframe(1))))
 
     def mark(self, phase: str, weight: float, counted: bool = True) -> None:
         self.events.append(("mark", phase, weight if counted else 0, self.main_line(sys._getframe(1))))
@@ -162,7 +169,7 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in SCALAR_READS:
-            if not _in_optimizer(sys._getframe(1)):
+            if self.captured or not _in_optimizer(sys._getframe(1)):
                 self.wait("read")
         elif func in HOST_CHECKED:
             self.wait("read")
@@ -231,7 +238,7 @@ def _patches(rec: _Recorder, device: torch.device):
                     rec.wait("copy")
                 return orig_torch[name](data, *args, **kwargs)
             if target is not None and torch.device(target) == device:
-                if not _in_optimizer(sys._getframe(1)):
+                if rec.captured or not _in_optimizer(sys._getframe(1)):
                     rec.wait("copy")
                 return orig_torch[name](data, *args, **kwargs)
             out = orig_torch[name](data, *args, **kwargs)
@@ -266,8 +273,20 @@ def _patches(rec: _Recorder, device: torch.device):
         rec.mark("logged", 1)
         return orig_log(*args, **kwargs)
 
+    def graphed(fn, enabled):
+        def captured(*args, **kwargs):
+            rec.events.append(("call",))
+            rec.captured += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                rec.captured -= 1
+
+        return captured
+
     from ale_py.vector_env import AtariVectorEnv
 
+    from cleanrl_ddp import graphs
     from cleanrl_ddp import runtime as rt
 
     orig_sync_step, orig_atari_send, orig_log = gym.vector.SyncVectorEnv.step, AtariVectorEnv.send, rt.log
@@ -281,6 +300,7 @@ def _patches(rec: _Recorder, device: torch.device):
         (gym.vector.SyncVectorEnv, "step", sync_step),
         (AtariVectorEnv, "send", atari_send),
         (rt, "log", log),
+        (graphs, "graphed", graphed),
     ]
 
 
@@ -365,8 +385,12 @@ def _attribute(events: list, local_num_envs: int, loops: list) -> Counts:
         if event[0] == "mark":
             j += 1
             continue
+        if event[0] == "call":
+            counts.markers["captured"] += 1
+            continue
         _, kind, site, in_runtime, line = event
-        phase = "logged" if in_runtime else _phase_by_line(line, marker_lines, loops)
+        phase = "captured" if site.startswith("captured: ") else None
+        phase = phase or ("logged" if in_runtime else _phase_by_line(line, marker_lines, loops))
         phase = phase or events[window_marks[j]][1]  # outside main's loops: the next marker in time
         counts.waits[(phase, kind)] += 1
         counts.sites[(phase, kind)][site] += 1

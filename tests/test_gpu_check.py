@@ -18,6 +18,7 @@ import torch
 from helpers import REPO, SCRIPTS
 
 from benchmark import gpu_check
+from benchmark.profile_offpolicy import PART_NAMES
 
 
 def check(*args, timeout=900):
@@ -47,16 +48,19 @@ def test_every_script_has_its_few_iteration_flags():
 def test_the_checks_run_on_the_cpu_one_line_each(tmp_path):
     """The real checks, on the CPU: a few iterations of one script, the NCCL guard's one line, a SIGTERM-stopped
     2-rank run resumed on one rank to its exact step, whose checkpoint is then evaluated, the throughput next
-    to the ceiling and the profiled split of an iteration; CleanRL's and LeanRL's scripts are skipped, as nothing
-    points at them."""
+    to the ceiling and the profiled split of an iteration; CleanRL's and LeanRL's PPO scripts are skipped, as
+    nothing points at them; SAC's env step timed part by part (benchmark/profile_offpolicy.py), its --cudagraphs runs
+    (eager on the CPU) equal to eager at 1 and 2 ranks and their speed; LeanRL's SAC is skipped likewise."""
     only = ["script:ppo_multigpu.py", "nccl-guard", "resume", "evaluate", "throughput"]
+    only += [f"{kind}:{gpu_check.SAC}" for kind in ("profile", "graphs", "graphs-speed", "leanrl")]
     proc = check("--device", "cpu", "--full", "--only", *only, "--out", tmp_path)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
     lines = [line for line in proc.stdout.splitlines() if re.match(r"(ok|FAIL|skip) ", line)]
     names = [re.match(r"\w+ +([^:]+):", line).group(1) for line in lines]
     expected = ["script", "nccl-guard", "resume", "evaluate on cpu", "throughput 2 envs", "profile 2 envs"]
-    assert names == [*expected, "cleanrl 2 envs", "leanrl 2 envs"], output
+    off_policy = ["profile", "graphs", "graphs-speed", "leanrl"]
+    assert names == [*expected, "cleanrl 2 envs", "leanrl 2 envs", *off_policy], output
     assert lines[0].startswith("ok    script:ppo_multigpu.py: world size 1 on cpu, global step 384, exit 0"), output
     assert (
         lines[1].startswith("ok    nccl-guard: exit 1 with one line: ") and "--backend nccl needs CUDA" in lines[1]
@@ -70,7 +74,20 @@ def test_the_checks_run_on_the_cpu_one_line_each(tmp_path):
     assert len(parts) == 6 and "one iteration of ppo_atari_multigpu.py alone" in lines[5], lines[5]
     assert lines[6].startswith("skip  cleanrl 2 envs: no --cleanrl-script")
     assert lines[7].startswith("skip  leanrl 2 envs: no --leanrl-script")
-    assert re.match(r"gpu_check: 6 ok, 0 FAIL, 2 skipped in [\d.]+ min", proc.stdout.splitlines()[-1]), output
+    parts = re.findall(rf"({'|'.join(map(re.escape, PART_NAMES.values()))}) [\d.]+ ms \(", lines[8])
+    assert parts == list(PART_NAMES.values()), lines[8]
+    assert "one env step of sac_continuous_action_multigpu.py on Pendulum-v1" in lines[8], lines[8]
+    equal = (
+        r"--cudagraphs equals eager after 16 updates at world size 1, 8 at 2 ranks sharing the device \(gloo, flat, "
+    )
+    equal += (
+        r"replicas compared every iteration\): 1 rank\(s\): 98 tensors equal bitwise; 2 rank\(s\): 98 tensors equal"
+    )
+    assert re.search(equal, lines[9]), lines[9]
+    speeds = r"Pendulum-v1, world size 1, steady SPS once updates run: [\d,]+ SPS eager \(\d+ s\), [\d,]+ SPS "
+    assert re.search(speeds + r"--cudagraphs \(\d+ s\) = [\d.]+x; all at 80", lines[10]), lines[10]
+    assert lines[11].startswith(f"skip  leanrl:{gpu_check.SAC}: no --leanrl-sac-script")
+    assert re.match(r"gpu_check: 9 ok, 0 FAIL, 3 skipped in [\d.]+ min", proc.stdout.splitlines()[-1]), output
     assert all(re.search(r" \[\d+ s\]$", line) for line in lines), lines  # each check's seconds
     assert (tmp_path / "logs" / "resume.log").read_text().startswith("$ ")
     summary = (tmp_path / "summary.txt").read_text().splitlines()
@@ -204,14 +221,14 @@ def test_the_leanrl_row_is_skipped_without_its_script_or_envpool(tmp_path, monke
     monkeypatch.setenv("PYTHONPATH", "")  # Check() sets it for the commands it runs: restored after the test
     c = gpu_check.Check("cpu", gpu_check.CPU_BUDGET, tmp_path / "c", None)
     skip = "skip  leanrl 8 envs: no --leanrl-script: LeanRL's script not run [0 s]"
-    assert gpu_check.check_leanrl(c, 8, 2000.0).line() == skip
+    assert gpu_check.check_leanrl_atari(c, 8, 2000.0).line() == skip
     envpool, find_spec = [None], importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda m, *a: envpool[0] if m == "envpool" else find_spec(m, *a))
     c.leanrl_script = str(REPO / "benchmark" / "leanrl_ppo_atari.py")
-    line = gpu_check.check_leanrl(c, 8, 2000.0).line()
+    line = gpu_check.check_leanrl_atari(c, 8, 2000.0).line()
     assert line.startswith("skip  leanrl 8 envs: no envpool here (EnvPool 1.2.7 needs Python >= 3.12"), line
     envpool[0] = object()  # as if installed
-    monkeypatch.setitem(gpu_check.CHECKS, "nccl-1", lambda c: gpu_check.check_leanrl(c, 8, 2000.0))
+    monkeypatch.setitem(gpu_check.CHECKS, "nccl-1", lambda c: gpu_check.check_leanrl_atari(c, 8, 2000.0))
     gpu_check.main(["--device", "cpu", "--only", "nccl-1", "--out", str(tmp_path / "out"), "--leanrl-script", "no.py"])
     line = capsys.readouterr().out.splitlines()[1]
     assert line.startswith("FAIL  leanrl 8 envs: --leanrl-script ") and line.endswith("/no.py: no such file [0 s]")

@@ -32,12 +32,12 @@ CONFIGS = {  # script: (local envs, flags); each runs 4 logged steps or more aft
     "sac_continuous_action_multigpu.py": (
         1,
         [*OFF_POLICY_SMALL, "--learning-starts", 16, "--local-batch-size", 16, "--log-every", 16]
-        + ["--total-timesteps", 80],
+        + ["--total-timesteps", 80, "--cudagraphs"],
     ),
     "td3_continuous_action_multigpu.py": (
         1,
         [*OFF_POLICY_SMALL, "--learning-starts", 16, "--local-batch-size", 16, "--log-every", 16]
-        + ["--total-timesteps", 80],
+        + ["--total-timesteps", 80, "--cudagraphs"],
     ),
 }
 
@@ -47,7 +47,9 @@ CONFIGS = {  # script: (local envs, flags); each runs 4 logged steps or more aft
 # continuous script's normalisation statistics). DQN, SAC and TD3: the actions (greedy Q-values for DQN) to the envs
 # per env step, nothing per update (samples drawn on the device, or copied from pinned staging; losses summed on the
 # device), and per logged step the metrics' one read, their copies in rt.all_sum and the preemption vote (main at
-# fbecd7e: DQN 2/5/7, SAC 5/15/8, TD3 2/5/8).
+# fbecd7e: DQN 2/5/7, SAC 5/15/8, TD3 2/5/8). SAC and TD3 run with --cudagraphs (eager on the CPU): the functions a
+# GPU captures (each update, the action choice) may not wait at all, their optimizers' steps included.
+GRAPHED = ("sac_continuous_action_multigpu.py", "td3_continuous_action_multigpu.py")
 BUDGETS = {
     "ppo_multigpu.py": (1, 0, 6),
     "ppo_atari_multigpu.py": (1, 0, 6),
@@ -75,3 +77,7 @@ def test_host_waits_within_budget(script, tmp_path):
         if value > budget + 1e-9
     ]
     assert not over, f"{script} waits for the device more often than its budget ({'; '.join(over)}):\n{counts.table()}"
+    assert counts.per("captured") == 0, (
+        f"{script} waits inside a function that --cudagraphs captures:\n{counts.table()}"
+    )
+    assert (counts.markers["captured"] > 0) == (script in GRAPHED), counts.table()
