@@ -85,6 +85,11 @@ class ScriptSpec:
     """the functions that the script's --compile compiles (its losses); empty: the script has no --compile"""
     compile_timesteps: int = 0
     """--total-timesteps of the 2-rank --compile runs of `unit` (with `tiny`): a few updates of every loss"""
+    graphed: dict = field(default_factory=dict)
+    """the functions --cudagraphs captures, by run: "1" (world size 1), "ddp" and "flat" (2 ranks); empty: no flag"""
+    graph_flags: list = field(default_factory=list)
+    """flags of the --cudagraphs runs (tests/graph_capture.py): every function replays at least once, and a float32
+    learning rate (2**-12, 4 iterations), so that the runs with and without the flag can be compared bitwise"""
 
 
 SCRIPTS = {
@@ -110,6 +115,14 @@ SCRIPTS = {
             target_kl=["--update-epochs", "8", "--learning-rate", "0.01", "--target-kl", "0.02"],
             compiled=("ppo_loss",),
             compile_timesteps=64,  # one iteration: 4 minibatch updates
+            graphed={
+                "1": ("policy_step", "advantages_and_returns", "backward_and_step"),
+                "flat": ("policy_step", "advantages_and_returns", "minibatch_backward", "clip_and_step"),
+                "ddp": ("policy_step", "advantages_and_returns", "clip_and_step"),  # DDP all-reduces in backward
+            },
+            # 4 iterations of 2 envs x 8 steps per rank, 2 minibatches: GAE replays once, the update 5 times
+            graph_flags=["--local-num-envs", "2", "--num-steps", "8", "--num-minibatches", "2", "--update-epochs"]
+            + ["1", "--learning-rate", "0.000244140625", "--checkpoint-every", "0"],
         ),
         ScriptSpec(
             "ppo_atari_async_multigpu.py",  # the Atari PPO with its rollout in two halves (one env each here)
@@ -740,6 +753,45 @@ def compiled_run(script_path: str, flags: list, store, prefix: str) -> dict:
     return rec
 
 
+def graphed_runs(outdir: Path, script_path: str, store, rank: int) -> None:
+    """The script's real main() on the 2 ranks of the `unit` launch: eager (DDP), then --cudagraphs under DDP and
+    with --grad-sync flat, each graphed function recorded by tests/graph_capture.py; each run writes its report
+    (`{stem}_graphs_{run}_rank{R}.json`) and its checkpoint (`runs-{stem}-graphs-{run}/r`)."""
+    import graph_capture
+    import torch.distributed as dist
+
+    spec, stem = SCRIPTS[Path(script_path).name], Path(script_path).stem
+    dist_init = dist.init_process_group
+    for run, grad_sync, graphed in (("eager", "ddp", False), ("ddp", "ddp", True), ("flat", "flat", True)):
+        flags = [*spec.graph_flags, "--seed", 7, "--dist-timeout", 60, "--grad-sync", grad_sync, "--run-name", "r"]
+        flags += [
+            "--total-timesteps",
+            2 * 4 * local_steps(spec.graph_flags),
+            "--runs-dir",
+            outdir / f"runs-{stem}-graphs-{run}",
+        ]
+
+        def init_process_group(*args, run=run, **kw):  # called by the script's rt.start
+            return dist_init(*args, store=dist.PrefixStore(f"{stem}-graphs-{run}/", store), **kw)
+
+        dist.init_process_group = init_process_group
+        try:
+            if graphed:
+                out = graph_capture.graphed_run(script_path, flags)
+            else:
+                out = dict(functions={}, error=graph_capture.run_main(script_path, flags))
+        finally:
+            dist.init_process_group = dist_init
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        (outdir / f"{stem}_graphs_{run}_rank{rank}.json").write_text(json.dumps(out, indent=1))
+
+
+def local_steps(flags: list) -> int:
+    """Env steps per rank per iteration of PPO flags."""
+    return int(flags[flags.index("--local-num-envs") + 1]) * int(flags[flags.index("--num-steps") + 1])
+
+
 def unit(outdir: Path, script_paths: list) -> None:
     import torch.distributed as dist
 
@@ -759,6 +811,8 @@ def unit(outdir: Path, script_paths: list) -> None:
             flags += ["--total-timesteps", spec.compile_timesteps, "--runs-dir", outdir / f"runs-{stem}-{grad_sync}"]
             out = compiled_run(script_path, flags, store, prefix=f"{stem}-{grad_sync}/")
             (outdir / f"{stem}_compiled_{grad_sync}_rank{rank}.json").write_text(json.dumps(out, indent=1))
+        if spec.graphed:  # --cudagraphs: what it would capture, recorded; its runs against eager
+            graphed_runs(outdir, script_path, store, rank)
 
 
 # ------------------------------------------------------------------------------------------- observe
