@@ -10,14 +10,16 @@ keeps its data flow on the CPU and checks, call by call, what a CUDA graph would
   those and run the function on them, and every call after the warm-up returns copies of the outputs;
 - the capture keeps every storage the function touched alive (as the graph's memory pool would) and a replay
   may touch only those, its static inputs, and what it allocates itself: a tensor made anew between calls and
-  read by the function (a graph would read the capture's tensor at its old address) fails (`unstatic`);
+  read by the function (a graph would read the capture's tensor at its old address) fails (`unstatic`), and so
+  does a replay that leaves out a tensor the capture used (the function took another path: `diverged`);
 - no host read (`item`, `tolist`, `numpy`, `cpu`, and tests/host_syncs.py's data-dependent shapes and
   host-checked ops) and no collective (a c10d op, or a `torch.distributed` call) inside any call after the
-  warm-up; every parameter of every optimizer has its gradient and optimizer state when the capture starts, and
-  parameters, gradients and optimizer state keep their storage at every later call.
+  warm-up; the parameters, gradients and optimizer state a capture uses were made before it (`missing_at_capture`)
+  and keep their storage at every later call (`moved`).
 
-Run as `python -m tests.graph_capture SCRIPT [flags...]` it prints the report as JSON (world size 1);
-tests/dist_worker.py runs it on 2 ranks.
+Run as `python -m tests.graph_capture SCRIPT RUNS_DIR [flags...]` it runs the script eagerly (run `eager`), then with
+--cudagraphs recorded (run `graphed`), at world size 1, and prints the report as JSON; tests/dist_worker.py runs
+`graphed_run` on 2 ranks.
 """
 
 import contextlib
@@ -103,7 +105,7 @@ class Recorder:
         self.fn, self.warmup, self.calls = fn, warmup, 0
         self.name = fn.__name__
         self.entry = REPORT.functions.setdefault(self.name, dict(calls=0, replays=0, warmup=warmup))
-        for kind in ("host_reads", "collectives", "unstatic", "missing_at_capture", "moved"):
+        for kind in ("host_reads", "collectives", "unstatic", "diverged", "missing_at_capture", "moved"):
             self.entry.setdefault(kind, [])
         self.static, self.kept, self.storages = None, {}, {}
 
@@ -172,10 +174,14 @@ class Recorder:
             for name, ptr in self.storages.items():
                 if ptr in watch.made:
                     self.violation("missing_at_capture", f"{name} was made inside the capture")
+            self.captured = dict(watch.touched)
         else:
             for ptr, (_, where) in watch.touched.items():
                 if ptr not in self.kept:
                     self.violation("unstatic", f"reads or writes a tensor that was not there at capture: {where}")
+            for ptr, (_, where) in self.captured.items():
+                if ptr not in watch.touched:
+                    self.violation("diverged", f"the capture used a tensor that a later call did not: {where}")
         for name, ptr in self.tracked().items():
             if name in self.storages and ptr != self.storages[name]:
                 self.violation("moved", f"{name}: another storage than at capture (call {self.calls})")
