@@ -189,6 +189,24 @@ class Recorder:
         return tree_unflatten([x.clone() if isinstance(x, torch.Tensor) else x for x in leaves], spec)
 
 
+STATES = ("agent", "q_network", "target_network", "optimizer", "rng")  # what training changes in a checkpoint
+
+
+def differences(a: dict, b: dict) -> list[str]:
+    """Where two checkpoints' training states (`STATES`) differ in any bit."""
+    out = []
+    for key in (k for k in STATES if k in a or k in b):
+        leaves_a, leaves_b = tree_flatten(a.get(key))[0], tree_flatten(b.get(key))[0]
+        if len(leaves_a) != len(leaves_b):
+            out.append(f"{key}: {len(leaves_a)} entries against {len(leaves_b)}")
+            continue
+        for i, (x, y) in enumerate(zip(leaves_a, leaves_b, strict=True)):
+            same = torch.equal(x, y) if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) else x == y
+            if not same:
+                out.append(f"{key} entry {i}")
+    return out
+
+
 def recording_graphed(fn, enabled: bool, device, warmup: int = graphs.WARMUP):
     """`graphs.graphed` as a CUDA device would run it, on any device: a Recorder where it would capture."""
     return Recorder(fn, warmup) if enabled else fn
