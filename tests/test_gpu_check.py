@@ -43,15 +43,16 @@ def test_every_script_has_its_few_iteration_flags():
 def test_the_checks_run_on_the_cpu_one_line_each(tmp_path):
     """The real checks, on the CPU: a few iterations of one script, the NCCL guard's one line, a SIGTERM-stopped
     2-rank run resumed on one rank to its exact step, whose checkpoint is then evaluated, the throughput next
-    to the ceiling and the profiled split of an iteration; CleanRL's script is skipped, as nothing points at it."""
-    only = ["script:ppo_multigpu.py", "nccl-guard", "resume", "evaluate", "throughput"]
+    to the ceiling and the profiled split of an iteration; CleanRL's script is skipped, as nothing points at it; the
+    Atari PPO's --cudagraphs against eager (on the CPU both eager: the check's runs, resumes and comparisons)."""
+    only = ["script:ppo_multigpu.py", "nccl-guard", "resume", "evaluate", "throughput", "graphs:ppo_atari_multigpu.py"]
     proc = check("--device", "cpu", "--full", "--only", *only, "--out", tmp_path)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
     lines = [line for line in proc.stdout.splitlines() if re.match(r"(ok|FAIL|skip) ", line)]
     names = [re.match(r"\w+ +([^:]+):", line).group(1) for line in lines]
     expected = ["script", "nccl-guard", "resume", "evaluate on cpu", "throughput 2 envs", "profile 2 envs"]
-    assert names == [*expected, "cleanrl 2 envs"], output
+    assert names == [*expected, "cleanrl 2 envs", "graphs"], output
     assert lines[0].startswith("ok    script:ppo_multigpu.py: world size 1 on cpu, global step 384, exit 0"), output
     assert (
         lines[1].startswith("ok    nccl-guard: exit 1 with one line: ") and "--backend nccl needs CUDA" in lines[1]
@@ -64,7 +65,11 @@ def test_the_checks_run_on_the_cpu_one_line_each(tmp_path):
     parts = re.findall(r"(env step|policy step|host<->device copies|bookkeeping|update|other) \d+ ms", lines[5])
     assert len(parts) == 6 and "one iteration of ppo_atari_multigpu.py alone" in lines[5], lines[5]
     assert lines[6].startswith("skip  cleanrl 2 envs: no --cleanrl-script")
-    assert re.match(r"gpu_check: 6 ok, 0 FAIL, 1 skipped in [\d.]+ min", proc.stdout.splitlines()[-1]), output
+    graphs = "graphs:ppo_atari_multigpu.py: --cudagraphs bitwise equal to eager at world size 1 and 2 ranks (DDP, flat)"
+    assert lines[7].startswith(f"ok    {graphs}") and re.search(
+        r"resumed from global step \d+ with and without it", lines[7]
+    )
+    assert re.match(r"gpu_check: 7 ok, 0 FAIL, 1 skipped in [\d.]+ min", proc.stdout.splitlines()[-1]), output
     assert all(re.search(r" \[\d+ s\]$", line) for line in lines), lines  # each check's seconds
     assert (tmp_path / "logs" / "resume.log").read_text().startswith("$ ")
     summary = (tmp_path / "summary.txt").read_text().splitlines()
