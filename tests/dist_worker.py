@@ -86,7 +86,8 @@ class ScriptSpec:
     compile_timesteps: int = 0
     """--total-timesteps of the 2-rank --compile runs of `unit` (with `tiny`): a few updates of every loss"""
     graphed: dict = field(default_factory=dict)
-    """the functions --cudagraphs captures, by run: "1" (world size 1), "ddp" and "flat" (2 ranks); empty: no flag"""
+    """the functions --cudagraphs captures, by run: "1" (world size 1), and "ddp" and "flat" where the unit launch
+    also runs it on 2 ranks; empty: no --cudagraphs"""
     graph_flags: list = field(default_factory=list)
     """flags of the --cudagraphs runs (tests/graph_capture.py): every function replays at least once, and a float32
     learning rate (2**-12, 4 iterations), so that the runs with and without the flag can be compared bitwise"""
@@ -135,6 +136,10 @@ SCRIPTS = {
             # only the rollout differs from ppo_atari_multigpu.py: its update, gradient paths, --target-kl and odd
             # world sizes are that script's (same functions), so one whole run, ddp on 2 ranks, covers the rollout
             whole_runs=(("ddp", 2),),
+            # --cudagraphs at world size 1 only: its 2-rank update is ppo_atari_multigpu.py's, checked there
+            graphed={"1": ("policy_step(h=0)", "policy_step(h=1)", "advantages_and_returns", "backward_and_step")},
+            graph_flags=["--local-num-envs", "2", "--num-steps", "8", "--num-minibatches", "2", "--update-epochs"]
+            + ["1", "--learning-rate", "0.000244140625", "--checkpoint-every", "0"],
         ),
         ScriptSpec(
             "ppo_continuous_action_multigpu.py",  # unit: HalfCheetah-v5's 17 observations, 6 actions
@@ -811,7 +816,7 @@ def unit(outdir: Path, script_paths: list) -> None:
             flags += ["--total-timesteps", spec.compile_timesteps, "--runs-dir", outdir / f"runs-{stem}-{grad_sync}"]
             out = compiled_run(script_path, flags, store, prefix=f"{stem}-{grad_sync}/")
             (outdir / f"{stem}_compiled_{grad_sync}_rank{rank}.json").write_text(json.dumps(out, indent=1))
-        if spec.graphed:  # --cudagraphs: what it would capture, recorded; its runs against eager
+        if "flat" in spec.graphed:  # --cudagraphs: what it would capture, recorded; its runs against eager
             graphed_runs(outdir, script_path, store, rank)
 
 

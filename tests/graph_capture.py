@@ -98,12 +98,18 @@ class Report:
 REPORT = Report()
 
 
+def name_of_partial(fn) -> str:
+    """`policy_step(h=0)` for `functools.partial(policy_step, h=0)`."""
+    bound = [*map(repr, fn.args), *(f"{k}={v!r}" for k, v in fn.keywords.items())]
+    return f"{fn.func.__name__}({', '.join(bound)})"
+
+
 class Recorder:
     """A stand-in for `CudaGraphModule(fn, warmup)` on the CPU (see the module docstring)."""
 
     def __init__(self, fn, warmup: int):
         self.fn, self.warmup, self.calls = fn, warmup, 0
-        self.name = fn.__name__
+        self.name = fn.__name__ if hasattr(fn, "__name__") else name_of_partial(fn)
         self.entry = REPORT.functions.setdefault(self.name, dict(calls=0, replays=0, warmup=warmup))
         for kind in ("host_reads", "collectives", "unstatic", "diverged", "missing_at_capture", "moved"):
             self.entry.setdefault(kind, [])
