@@ -24,8 +24,10 @@ run at the same time (they check correctness, not speed), and a speed measuremen
    (benchmark/throughput.py), with the update's share of the time; at 8 envs, where one iteration's time goes
    (benchmark/profile_rollout.py); CleanRL's own script at 8 envs when `--cleanrl-script` points at it.
 `--full` adds `gloo:`, `flat:`, `sync-debug:` for every script, `compile:`/`compile-flat:` for the three scripts
-with `--compile` (`COMPILED`), `compile-speed:` for both, and `nccl-guard` (NCCL with 2 ranks on one GPU stops
-before init with one line), one check at a time. docs/benchmarks.md says what each check means.
+with `--compile` (`COMPILED`), `compile-speed:` for both, `nccl-guard` (NCCL with 2 ranks on one GPU stops
+before init with one line), `graphs:` for the scripts with `--cudagraphs` (`GRAPH_RUNS`: against eager, bitwise,
+fresh and resumed) and `graphs-speed:` for the Atari PPO, one check at a time. docs/benchmarks.md says what each
+check means.
 
 Results survive a kill: each check's output goes to OUT/logs/<check>.log while it runs, and its line is appended
 to OUT/summary.txt as soon as it ends. A check past its time limit is killed with every process it started
@@ -92,9 +94,15 @@ FEW_ITERATIONS = {
 # graphs:<script>: --cudagraphs against eager, world size 1 (the Atari PPO also on 2 ranks), on each device: the flags
 # and the global step; 8 iterations (PPO) of a float32 learning rate annealed in float32 numbers (`GRAPH_LR`), so
 # that both runs take bitwise the same steps. The runs are correctness checks: they share the machine.
+PPO_GRAPHS = ("--local-num-envs 4 --num-steps 32 --num-minibatches 2 --update-epochs 2", 8 * 4 * 32)
+PPO_GRAPHS_CPU = ("--local-num-envs 1 --num-steps 4 --num-minibatches 1 --update-epochs 1", 8 * 1 * 4)
+DQN_GRAPHS = "--buffer-size 512 --learning-starts 64 --train-frequency 4 --target-network-frequency 64 --log-every 64"
 GRAPH_RUNS = {
-    "cuda": {ATARI: ("--local-num-envs 4 --num-steps 32 --num-minibatches 2 --update-epochs 2", 8 * 4 * 32)},
-    "cpu": {ATARI: ("--local-num-envs 1 --num-steps 4 --num-minibatches 1 --update-epochs 1", 8 * 1 * 4)},
+    "cuda": dict.fromkeys((ATARI, "ppo_atari_async_multigpu.py", "pqn_atari_multigpu.py"), PPO_GRAPHS)
+    | {"dqn_atari_multigpu.py": (f"--local-num-envs 4 --local-batch-size 32 {DQN_GRAPHS}", 512)},
+    "cpu": dict.fromkeys((ATARI, "pqn_atari_multigpu.py"), PPO_GRAPHS_CPU)
+    | {"ppo_atari_async_multigpu.py": (PPO_GRAPHS_CPU[0].replace("envs 1", "envs 2"), 2 * PPO_GRAPHS_CPU[1])}
+    | {"dqn_atari_multigpu.py": (f"--local-num-envs 1 --local-batch-size 4 {DQN_GRAPHS}", 192)},
 }
 GRAPH_LR = 2**-12  # 0.000244140625: it and its annealed values k/8 (k/16 for the stopped run) are float32 numbers
 NEEDS = {"ppo_continuous_action_multigpu.py": "mujoco"}  # a module beyond `pip install -e .`: skipped without it

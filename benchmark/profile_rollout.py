@@ -206,11 +206,11 @@ def run_update(module, update, args, sizes, device):
             backward_and_step(mb_inds, mb_advantages, b_returns)
 
 
-def profile_worker(module_name, env_id, num_envs, num_steps, iterations, threads, cores, results):
+def profile_worker(module_name, env_id, num_envs, num_steps, iterations, threads, cores, results, cudagraphs=None):
     """`profile_iterations` in a process of its own, on `cores` with `threads` threads (one rank's share)."""
     os.sched_setaffinity(0, cores)
     torch.set_num_threads(threads)
-    results.put(profile_iterations(module_name, env_id, num_envs, num_steps, iterations))
+    results.put(profile_iterations(module_name, env_id, num_envs, num_steps, iterations, cudagraphs=cudagraphs))
 
 
 def is_profilable(script: str) -> bool:
@@ -224,9 +224,19 @@ def is_profilable(script: str) -> bool:
     )
 
 
-def profile_rank(script: str, env_id: str, world_size: int, num_envs: int, num_steps: int, iterations: int, cores=None):
+def profile_rank(
+    script: str,
+    env_id: str,
+    world_size: int,
+    num_envs: int,
+    num_steps: int,
+    iterations: int,
+    cores=None,
+    cudagraphs=None,
+):
     """One rank of a run at `world_size`, profiled alone on its share of `cores` (default: this process's) in a
-    process of its own; None when the script lacks the pieces (not an Atari PPO script)."""
+    process of its own, with the script's --cudagraphs when `cudagraphs` (None: its default); None when the script
+    lacks the pieces (not an Atari PPO script)."""
     if not is_profilable(script):
         return None
     available = list(cores or sorted(os.sched_getaffinity(0)))
@@ -235,6 +245,7 @@ def profile_rank(script: str, env_id: str, world_size: int, num_envs: int, num_s
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     worker_args = (module_name, env_id, num_envs, num_steps, iterations, threads, available[:threads], results)
+    worker_args += (cudagraphs,)
     proc = ctx.Process(target=profile_worker, args=worker_args)
     proc.start()
     while True:

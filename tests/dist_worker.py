@@ -91,6 +91,8 @@ class ScriptSpec:
     graph_flags: list = field(default_factory=list)
     """flags of the --cudagraphs runs (tests/graph_capture.py): every function replays at least once, and a float32
     learning rate (2**-12, 4 iterations), so that the runs with and without the flag can be compared bitwise"""
+    graph_timesteps: int = 0
+    """--total-timesteps of the world-size-1 --cudagraphs run (twice that on 2 ranks)"""
 
 
 SCRIPTS = {
@@ -124,6 +126,7 @@ SCRIPTS = {
             # 4 iterations of 2 envs x 8 steps per rank, 2 minibatches: GAE replays once, the update 5 times
             graph_flags=["--local-num-envs", "2", "--num-steps", "8", "--num-minibatches", "2", "--update-epochs"]
             + ["1", "--learning-rate", "0.000244140625", "--checkpoint-every", "0"],
+            graph_timesteps=4 * 2 * 8,
         ),
         ScriptSpec(
             "ppo_atari_async_multigpu.py",  # the Atari PPO with its rollout in two halves (one env each here)
@@ -140,6 +143,7 @@ SCRIPTS = {
             graphed={"1": ("policy_step(h=0)", "policy_step(h=1)", "advantages_and_returns", "backward_and_step")},
             graph_flags=["--local-num-envs", "2", "--num-steps", "8", "--num-minibatches", "2", "--update-epochs"]
             + ["1", "--learning-rate", "0.000244140625", "--checkpoint-every", "0"],
+            graph_timesteps=4 * 2 * 8,
         ),
         ScriptSpec(
             "ppo_continuous_action_multigpu.py",  # unit: HalfCheetah-v5's 17 observations, 6 actions
@@ -167,6 +171,20 @@ SCRIPTS = {
             # the script's Adam eps is 1e-8 (CleanRL's), not PPO's 1e-5: Adam divides by |gradient| + eps, so entries
             # with gradients near fp32 rounding noise move by up to lr either way (measured 1.5e-5 relative)
             update_rtol=1e-4,
+            graphed={"1": ("greedy_actions",)},  # --cudagraphs: the greedy actions only
+            graph_flags=[
+                "--local-num-envs",
+                "2",
+                "--buffer-size",
+                "240",
+                "--learning-starts",
+                "32",
+                "--log-every",
+                "16",
+            ]
+            + ["--train-frequency", "4", "--local-batch-size", "8", "--target-network-frequency", "32"]
+            + ["--checkpoint-every", "0"],
+            graph_timesteps=112,  # greedy steps from global step 12 (epsilon at 0.01 after 10% of the run)
         ),
         ScriptSpec(
             "pqn_multigpu.py",  # CartPole: 4 observations, 2 actions
@@ -187,6 +205,10 @@ SCRIPTS = {
             # the update and both gradient paths are checked by the unit launch, and the loop's shape by
             # pqn_multigpu.py's runs (DDP on 2 ranks, flat on 3, and the pinned runs at 1, 2 and 3): one whole run here
             whole_runs=(("ddp", 2),),
+            graphed={"1": ("policy_step", "lambda_returns")},  # --cudagraphs: the update stays eager
+            graph_flags=["--local-num-envs", "2", "--num-steps", "8", "--num-minibatches", "2", "--update-epochs"]
+            + ["1", "--checkpoint-every", "0"],
+            graph_timesteps=4 * 2 * 8,
         ),
         ScriptSpec(
             "sac_continuous_action_multigpu.py",  # unit: Hopper-v5's 11 observations, 3 actions
@@ -769,12 +791,7 @@ def graphed_runs(outdir: Path, script_path: str, store, rank: int) -> None:
     dist_init = dist.init_process_group
     for run, grad_sync, graphed in (("eager", "ddp", False), ("ddp", "ddp", True), ("flat", "flat", True)):
         flags = [*spec.graph_flags, "--seed", 7, "--dist-timeout", 60, "--grad-sync", grad_sync, "--run-name", "r"]
-        flags += [
-            "--total-timesteps",
-            2 * 4 * local_steps(spec.graph_flags),
-            "--runs-dir",
-            outdir / f"runs-{stem}-graphs-{run}",
-        ]
+        flags += ["--total-timesteps", 2 * spec.graph_timesteps, "--runs-dir", outdir / f"runs-{stem}-graphs-{run}"]
 
         def init_process_group(*args, run=run, **kw):  # called by the script's rt.start
             return dist_init(*args, store=dist.PrefixStore(f"{stem}-graphs-{run}/", store), **kw)
@@ -790,11 +807,6 @@ def graphed_runs(outdir: Path, script_path: str, store, rank: int) -> None:
             if dist.is_initialized():
                 dist.destroy_process_group()
         (outdir / f"{stem}_graphs_{run}_rank{rank}.json").write_text(json.dumps(out, indent=1))
-
-
-def local_steps(flags: list) -> int:
-    """Env steps per rank per iteration of PPO flags."""
-    return int(flags[flags.index("--local-num-envs") + 1]) * int(flags[flags.index("--num-steps") + 1])
 
 
 def unit(outdir: Path, script_paths: list) -> None:

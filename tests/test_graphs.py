@@ -82,8 +82,7 @@ def test_old_torch_is_one_line(monkeypatch):
 def test_graphed_functions_are_capturable_and_change_nothing(script, tmp_path):
     """World size 1, on the CPU: the eager run, then the --cudagraphs run with every graphed function recorded."""
     spec = SCRIPTS[script]
-    total = 4 * int(spec.graph_flags[spec.graph_flags.index("--local-num-envs") + 1])
-    total *= int(spec.graph_flags[spec.graph_flags.index("--num-steps") + 1])
+    total = spec.graph_timesteps
     flags = [*spec.graph_flags, "--seed", 3, "--total-timesteps", total]
     cmd = [sys.executable, "-m", "tests.graph_capture", script, tmp_path, *map(str, flags)]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
