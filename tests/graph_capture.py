@@ -17,9 +17,10 @@ keeps its data flow on the CPU and checks, call by call, what a CUDA graph would
   warm-up; the parameters, gradients and optimizer state a capture uses were made before it (`missing_at_capture`)
   and keep their storage at every later call (`moved`).
 
-Run as `python -m tests.graph_capture SCRIPT RUNS_DIR [flags...]` it runs the script eagerly (run `eager`), then with
---cudagraphs recorded (run `graphed`), at world size 1, and prints the report as JSON; tests/dist_worker.py runs
-`graphed_run` on 2 ranks.
+Run as `python -m tests.graph_capture RUNS_DIR SCRIPT [SCRIPT...]` it runs each script eagerly (run
+`RUNS_DIR/<stem>/eager`), then with --cudagraphs recorded (`RUNS_DIR/<stem>/graphed`), at world size 1 with its
+`graph_flags` (tests/dist_worker.py's `SCRIPTS`) and seed 3, all in this one process, and prints the reports as
+JSON by script; tests/dist_worker.py runs `graphed_run` on 2 ranks.
 """
 
 import contextlib
@@ -92,7 +93,7 @@ class Report:
         self.functions, self.optimizers = {}, []
 
     def as_dict(self) -> dict:
-        return dict(functions=self.functions)
+        return dict(functions=json.loads(json.dumps(self.functions)))  # a copy: the next run starts afresh
 
 
 REPORT = Report()
@@ -272,8 +273,14 @@ def graphed_run(script_path: str, argv: list) -> dict:
     return report.as_dict() | dict(error=error)
 
 
-if __name__ == "__main__":  # python -m tests.graph_capture SCRIPT RUNS_DIR [flags...]: eager, then recorded
-    script, runs_dir, flags = str(REPO / "cleanrl_ddp" / sys.argv[1]), sys.argv[2], sys.argv[3:]
-    eager_error = run_main(script, [*flags, "--runs-dir", runs_dir, "--run-name", "eager"])
-    result = graphed_run(script, [*flags, "--runs-dir", runs_dir, "--run-name", "graphed"])
-    print(json.dumps(result | dict(eager_error=eager_error)))
+if __name__ == "__main__":  # python -m tests.graph_capture RUNS_DIR SCRIPT [SCRIPT...]: eager, then recorded
+    sys.path.insert(0, str(REPO / "tests"))
+    from dist_worker import SCRIPTS
+
+    results = {}
+    for name in sys.argv[2:]:
+        spec, script, runs = SCRIPTS[name], str(REPO / "cleanrl_ddp" / name), Path(sys.argv[1]) / Path(name).stem
+        flags = [*spec.graph_flags, "--seed", 3, "--total-timesteps", spec.graph_timesteps, "--runs-dir", runs]
+        eager_error = run_main(script, [*flags, "--run-name", "eager"])
+        results[name] = graphed_run(script, [*flags, "--run-name", "graphed"]) | dict(eager_error=eager_error)
+    print(json.dumps(results))

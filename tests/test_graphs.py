@@ -78,16 +78,21 @@ def test_old_torch_is_one_line(monkeypatch):
         graphs.optimizer(torch.optim.Adam, [torch.nn.Parameter(torch.ones(1))], 1e-3, True, torch.device("cpu"))
 
 
-@pytest.mark.parametrize("script", GRAPHED, ids=[s[:-3] for s in GRAPHED])
-def test_graphed_functions_are_capturable_and_change_nothing(script, tmp_path):
-    """World size 1, on the CPU: the eager run, then the --cudagraphs run with every graphed function recorded."""
-    spec = SCRIPTS[script]
-    total = spec.graph_timesteps
-    flags = [*spec.graph_flags, "--seed", 3, "--total-timesteps", total]
-    cmd = [sys.executable, "-m", "tests.graph_capture", script, tmp_path, *map(str, flags)]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+@pytest.fixture(scope="module")
+def graphed_runs(tmp_path_factory):
+    """Every script's eager and recorded --cudagraphs runs at world size 1, in one process (one start-up)."""
+    runs = tmp_path_factory.mktemp("graphs")
+    cmd = [sys.executable, "-m", "tests.graph_capture", str(runs), *GRAPHED]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads(proc.stdout.splitlines()[-1])
+    return runs, json.loads(proc.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("script", GRAPHED, ids=[s[:-3] for s in GRAPHED])
+def test_graphed_functions_are_capturable_and_change_nothing(script, graphed_runs):
+    """World size 1, on the CPU: the eager run, then the --cudagraphs run with every graphed function recorded."""
+    spec, (runs, reports) = SCRIPTS[script], graphed_runs
+    report, total, tmp_path = reports[script], spec.graph_timesteps, runs / script[:-3]
     assert report["eager_error"] is None and report["error"] is None, report
     functions = report["functions"]
     assert sorted(functions) == sorted(spec.graphed["1"]), functions
