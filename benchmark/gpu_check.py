@@ -566,7 +566,7 @@ def check_compile_speed(c: Check, script: str, kind: str = "compile-speed", opti
     )
 
 
-def check_graphs_speed(c: Check, script: str) -> Result:
+def check_graphs_speed_atari(c: Check, script: str) -> Result:
     """`script` at world size 1, eager then --cudagraphs, as compile-speed: both to their exact step; steady SPS."""
     return check_compile_speed(c, script, "graphs-speed", "--cudagraphs")
 
@@ -596,7 +596,7 @@ def checkpoint_differences(a: Path, b: Path) -> list[str]:
     return out
 
 
-def check_graphs(c: Check, script: str) -> Result:
+def check_graphs_atari(c: Check, script: str) -> Result:
     """--cudagraphs against eager from the same seeds (docs/benchmarks.md#graphs): the final checkpoints of a run with
     and without it at world size 1, bitwise (the same kernels replay, the same random numbers); a --cudagraphs run
     stopped by SIGTERM after a checkpoint, resumed once with and once without it, bitwise; for the Atari PPO also 2
@@ -843,7 +843,7 @@ CHECKS = {"script": check_script, "gloo": check_gloo, "flat": check_flat, "compi
 CHECKS |= {"compile-flat": check_compile_flat, "compile-speed": check_compile_speed, "sync-debug": check_sync_debug}
 CHECKS |= {"nccl-1": check_nccl_one, "nccl-guard": check_nccl_guard, "resume": check_resume}
 CHECKS |= {"evaluate": check_evaluate, "throughput": check_throughput}
-CHECKS |= {"graphs": check_graphs, "graphs-speed": check_graphs_speed}
+CHECKS |= {"graphs": check_graphs_atari, "graphs-speed": check_graphs_speed_atari}
 
 
 def timed(check, c: Check, *args) -> Result:

@@ -114,11 +114,12 @@ def profile_iterations(
             action, logprob, _, value = agent.get_action_and_value(next_obs[k])
         values[step, groups[k]], actions[step, groups[k]], logprobs[step, groups[k]] = value.flatten(), action, logprob
 
-    policy_steps = [graphs.graphed(partial(policy_step, k=k), cudagraphs, device) for k in range(len(groups))]
+    capture = cudagraphs and device.type == "cuda"
+    policy_steps = [graphs.graphed(partial(policy_step, k=k), capture) for k in range(len(groups))]
     update = updater(
         module, agent, optimizer, args, sizes, obs, actions, logprobs, values, rewards, all_dones, next_obs
     )
-    update = [graphs.graphed(f, cudagraphs, device) for f in update]
+    update = [graphs.graphed(f, capture) for f in update]
 
     k_groups, totals = len(groups), []
     for iteration in range(warmup + iterations):

@@ -341,7 +341,7 @@ def main() -> None:
         with torch.no_grad():  # the unwrapped network: inference must not go through DDP
             return q_network(static_obs).argmax(dim=1)
 
-    greedy_actions = graphs.graphed(greedy_actions, args.cudagraphs, device)  # --cudagraphs: one replay
+    greedy_actions = graphs.graphed(greedy_actions, args.cudagraphs and run.on_cuda)  # --cudagraphs: one replay
     episodes = rt.Episodes(n)  # whole games
     sums = dict(td_loss=0.0, q_values=0.0, updates=0)  # since the last logged step
     num_updates = ckpt["num_updates"] if ckpt else 0

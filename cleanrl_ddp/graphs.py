@@ -4,11 +4,12 @@ how the CPU tests prove it safe to capture.
 
 A script calls it in one line where the thing happens:
 
-    policy_step = graphs.graphed(policy_step, args.cudagraphs, device)  # the rollout's step, one replay
+    capture = args.cudagraphs and run.on_cuda  # only CUDA captures: on the CPU the same functions run eagerly
+    policy_step = graphs.graphed(policy_step, capture)  # the rollout's step, one replay
     optimizer = graphs.optimizer(optim.Adam, agent.parameters(), args.learning_rate, args.cudagraphs, device, ...)
     graphs.set_lr(optimizer, lr)  # annealing: written into the tensor that a captured step reads
     graphs.fill(next_obs, frames, staging)  # the graph's static input, from the page-locked staging copy
-    backward, step = graphs.update_step(minibatch_backward, clip_and_step, args.cudagraphs, device, capture)
+    backward, step = graphs.update_step(minibatch_backward, clip_and_step, capture, model is agent, world_size)
 
 Only a CUDA device captures: on the CPU `--cudagraphs` runs the same functions eagerly, in the same order, so the
 CPU tests run every line but the capture itself (a value, not an error: the flag asks for speed where there is
@@ -42,16 +43,20 @@ def require_torch() -> None:
         raise RunError(f"--cudagraphs needs torch >= 2.6 (this is {torch.__version__}); omit it")
 
 
-def graphed(fn: Callable, enabled: bool, device: torch.device, warmup: int = WARMUP) -> Callable:
-    """`fn` replayed as one CUDA graph (tensordict's `CudaGraphModule`) when `enabled` and `device` is CUDA,
-    else `fn` itself. Its first `warmup - 1` calls run eagerly; the next runs it and captures it; later calls
-    copy their tensor arguments into the graph's static inputs and replay it, and return copies of its outputs."""
-    if not (enabled and device.type == "cuda"):
+def graphed(fn: Callable, enabled: bool) -> Callable:
+    """`fn` replayed as one CUDA graph (tensordict's `CudaGraphModule`, on the current CUDA device) when `enabled`
+    (--cudagraphs on CUDA), else `fn` itself. Its first `WARMUP - 1` calls run eagerly; the next runs it and
+    captures it; later calls copy their tensor arguments into the graph's static inputs and replay it, and return
+    copies of its outputs. The CPU tests replace it with a recorder of every function passed here
+    (tests/graph_capture.py): pass only what --cudagraphs captures."""
+    if not enabled:
         return fn
     require_torch()
     from tensordict.nn import CudaGraphModule
 
-    return CudaGraphModule(fn, warmup=warmup, device=device)
+    graph = CudaGraphModule(fn, warmup=WARMUP)
+    graph.__name__ = getattr(fn, "__name__", "graph")
+    return graph
 
 
 def optimizer(cls, params, lr: float, enabled: bool, device: torch.device, **kwargs) -> torch.optim.Optimizer:
@@ -103,7 +108,7 @@ def fill(static: torch.Tensor, array, staging: torch.Tensor) -> torch.Tensor:
 
 
 def update_step(
-    backward: Callable, step: Callable, enabled: bool, device: torch.device, capture_backward: bool, world_size: int
+    backward: Callable, step: Callable, enabled: bool, capture_backward: bool, world_size: int
 ) -> tuple[Callable, Callable]:
     """The minibatch update as (first, second), called in turn with the gradient all-reduce between them.
 
@@ -119,5 +124,5 @@ def update_step(
             step()
             return stats
 
-        return graphed(backward_and_step, enabled, device), lambda: None
-    return graphed(backward, enabled and capture_backward, device), graphed(step, enabled, device)
+        return graphed(backward_and_step, enabled), lambda: None
+    return graphed(backward, enabled) if capture_backward else backward, graphed(step, enabled)

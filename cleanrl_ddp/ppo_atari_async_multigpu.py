@@ -394,10 +394,11 @@ def main() -> None:
         optimizer.step()
 
     # --cudagraphs: as in ppo_atari_multigpu.py, with one graph per half's policy step
-    policy_steps = [graphs.graphed(partial(policy_step, h=h), args.cudagraphs, device) for h in (0, 1)]
-    advantages_and_returns = graphs.graphed(advantages_and_returns, args.cudagraphs, device)
+    capture = args.cudagraphs and run.on_cuda  # only CUDA captures
+    policy_steps = [graphs.graphed(partial(policy_step, h=h), capture) for h in (0, 1)]
+    advantages_and_returns = graphs.graphed(advantages_and_returns, capture)
     backward, step_optimizer = graphs.update_step(
-        minibatch_backward, clip_and_step, args.cudagraphs, device, model is agent, world_size
+        minibatch_backward, clip_and_step, capture, model is agent, world_size
     )
     num_iterations, preempted = sizes.num_iterations, False
     rt.open_run(run, sizes, ckpt)

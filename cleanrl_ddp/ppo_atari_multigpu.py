@@ -406,10 +406,11 @@ def main() -> None:
 
     # --cudagraphs: each a CUDA graph replay; the update's gradient all-reduce between its two graphs (DDP's, inside
     # backward, leaves that eager), none at world size 1, where the second does nothing (both are in the first)
-    policy_step = graphs.graphed(policy_step, args.cudagraphs, device)
-    advantages_and_returns = graphs.graphed(advantages_and_returns, args.cudagraphs, device)
+    capture = args.cudagraphs and run.on_cuda  # only CUDA captures: on the CPU the same functions run eagerly
+    policy_step = graphs.graphed(policy_step, capture)
+    advantages_and_returns = graphs.graphed(advantages_and_returns, capture)
     backward, step_optimizer = graphs.update_step(
-        minibatch_backward, clip_and_step, args.cudagraphs, device, model is agent, world_size
+        minibatch_backward, clip_and_step, capture, model is agent, world_size
     )
     num_iterations, preempted = sizes.num_iterations, False
     rt.open_run(run, sizes, ckpt)

@@ -313,8 +313,8 @@ def main() -> None:
 
     # --cudagraphs: each one CUDA graph replay (the update stays eager: its all-reduce sits between its backward and
     # step at world size > 1, and RAdam's capturable step is another computation than its eager one)
-    policy_step = graphs.graphed(policy_step, args.cudagraphs, device)
-    lambda_returns = graphs.graphed(lambda_returns, args.cudagraphs, device)
+    policy_step = graphs.graphed(policy_step, args.cudagraphs and run.on_cuda)  # only CUDA captures
+    lambda_returns = graphs.graphed(lambda_returns, args.cudagraphs and run.on_cuda)
     rt.open_run(run, sizes, ckpt)
 
     for iteration in range(start_iteration, num_iterations + 1):

@@ -19,7 +19,7 @@ keeps its data flow on the CPU and checks, call by call, what a CUDA graph would
 
 Run as `python -m tests.graph_capture RUNS_DIR SCRIPT [SCRIPT...]` it runs each script eagerly (run
 `RUNS_DIR/<stem>/eager`), then with --cudagraphs recorded (`RUNS_DIR/<stem>/graphed`), at world size 1 with its
-`graph_flags` (tests/dist_worker.py's `SCRIPTS`) and seed 3, all in this one process, and prints the reports as
+`capture_flags` (tests/dist_worker.py's `SCRIPTS`) and seed 3, all in this one process, and prints the reports as
 JSON by script; tests/dist_worker.py runs `graphed_run` on 2 ranks.
 """
 
@@ -214,9 +214,10 @@ def differences(a: dict, b: dict) -> list[str]:
     return out
 
 
-def recording_graphed(fn, enabled: bool, device, warmup: int = graphs.WARMUP):
-    """`graphs.graphed` as a CUDA device would run it, on any device: a Recorder where it would capture."""
-    return Recorder(fn, warmup) if enabled else fn
+def recording_graphed(fn, enabled: bool):
+    """`graphs.graphed` in a --cudagraphs run, on any device: a Recorder of what a CUDA device would capture (a script
+    passes `graphs.graphed` only what it captures: `enabled` is False on the CPU)."""
+    return Recorder(fn, graphs.WARMUP)
 
 
 def import_script(script_path: str):
@@ -280,7 +281,7 @@ if __name__ == "__main__":  # python -m tests.graph_capture RUNS_DIR SCRIPT [SCR
     results = {}
     for name in sys.argv[2:]:
         spec, script, runs = SCRIPTS[name], str(REPO / "cleanrl_ddp" / name), Path(sys.argv[1]) / Path(name).stem
-        flags = [*spec.graph_flags, "--seed", 3, "--total-timesteps", spec.graph_timesteps, "--runs-dir", runs]
+        flags = [*spec.capture_flags, "--seed", 3, "--total-timesteps", spec.capture_timesteps, "--runs-dir", runs]
         eager_error = run_main(script, [*flags, "--run-name", "eager"])
         results[name] = graphed_run(script, [*flags, "--run-name", "graphed"]) | dict(eager_error=eager_error)
     print(json.dumps(results))

@@ -17,15 +17,14 @@ from helpers import REPO
 from cleanrl_ddp import graphs
 from cleanrl_ddp.errors import RunError
 
-GRAPHED = [s for s, spec in SCRIPTS.items() if spec.graphed]
+CAPTURED = [s for s, spec in SCRIPTS.items() if spec.captured]
 
 
-def test_graphed_is_the_function_itself_without_cuda():
+def test_graphed_is_the_function_itself_when_not_capturing():
     def f(x):
         return x + 1
 
-    assert graphs.graphed(f, True, torch.device("cpu")) is f
-    assert graphs.graphed(f, False, torch.device("cuda")) is f  # no CUDA touched: the flag is off
+    assert graphs.graphed(f, False) is f  # the scripts pass --cudagraphs and CUDA: False on the CPU
 
 
 def test_optimizer_keeps_its_learning_rate_tensor_and_saves_plain_checkpoints():
@@ -63,10 +62,8 @@ def test_fill_copies_nothing_when_the_static_input_is_the_staging_buffer():
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_update_step_runs_backward_and_step_once_each_in_order(world_size):
     calls = []
-    first, second = graphs.update_step(
-        lambda x: calls.append(("backward", x)) or "stats", lambda: calls.append("step"), True, torch.device("cpu"),
-        True, world_size,
-    )  # fmt: skip
+    backward, step = lambda x: calls.append(("backward", x)) or "stats", lambda: calls.append("step")
+    first, second = graphs.update_step(backward, step, False, world_size == 1, world_size)
     assert first(5) == "stats"
     second()
     assert calls == [("backward", 5), "step"]
@@ -82,20 +79,20 @@ def test_old_torch_is_one_line(monkeypatch):
 def graphed_runs(tmp_path_factory):
     """Every script's eager and recorded --cudagraphs runs at world size 1, in one process (one start-up)."""
     runs = tmp_path_factory.mktemp("graphs")
-    cmd = [sys.executable, "-m", "tests.graph_capture", str(runs), *GRAPHED]
+    cmd = [sys.executable, "-m", "tests.graph_capture", str(runs), *CAPTURED]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return runs, json.loads(proc.stdout.splitlines()[-1])
 
 
-@pytest.mark.parametrize("script", GRAPHED, ids=[s[:-3] for s in GRAPHED])
+@pytest.mark.parametrize("script", CAPTURED, ids=[s[:-3] for s in CAPTURED])
 def test_graphed_functions_are_capturable_and_change_nothing(script, graphed_runs):
     """World size 1, on the CPU: the eager run, then the --cudagraphs run with every graphed function recorded."""
     spec, (runs, reports) = SCRIPTS[script], graphed_runs
-    report, total, tmp_path = reports[script], spec.graph_timesteps, runs / script[:-3]
+    report, total, tmp_path = reports[script], spec.capture_timesteps, runs / script[:-3]
     assert report["eager_error"] is None and report["error"] is None, report
     functions = report["functions"]
-    assert sorted(functions) == sorted(spec.graphed["1"]), functions
+    assert sorted(functions) == sorted(spec.captured["1"]), functions
     for name, entry in functions.items():
         assert entry["replays"] >= 1, (name, entry)
         problems = {k: v for k, v in entry.items() if isinstance(v, list) and v}
