@@ -23,15 +23,16 @@ run at the same time (they check correctness, not speed), and a speed measuremen
 3. `throughput`: the Atari PPO's steady SPS at 8 and 64 envs next to the env-only ceiling of the same command
    (benchmark/throughput.py), with the update's share of the time; at 8 envs, where one iteration's time goes
    (benchmark/profile_rollout.py), CleanRL's own script (`--cleanrl-script`) and LeanRL's (`--leanrl-script`);
-4. `graphs-speed:` for the Atari PPO (issue 41's branch), then `env-sweep:8` (ALE's threads and batch size, env
+4. `graphs-speed:` for the Atari PPO (issue 41), then `env-sweep:8` (ALE's threads and batch size, env
    only), then `graphs-speed:` and `profile:` for SAC and TD3 (issue 42), each alone.
 A check starts only if its estimated seconds on one H200 (`ESTIMATES`) end within `--budget` (default 360 s for
 the quick profile on CUDA), else it is a `skip` line that says so: as estimated, the off-policy rows of step 4 are
 left for a call of their own (`--only`). `--full` adds `gloo:`, `flat:`, `sync-debug:` for every script,
 `compile:`/`compile-flat:` for the three scripts with `--compile` (`COMPILED`), `compile-speed:` for the Atari PPO
-and SAC, `nccl-guard` (NCCL with 2 ranks on one GPU stops before init with one line), `env-sweep:64`, and for SAC
-and TD3 `leanrl:` (LeanRL's own script beside ours, `--leanrl-sac-script`, `--leanrl-td3-script`), one check at a
-time, with no budget. docs/benchmarks.md says what each check means, and the budget's table.
+and SAC, `graphs:` for the six scripts with `--cudagraphs` (against eager), `nccl-guard` (NCCL with 2 ranks on one
+GPU stops before init with one line), `env-sweep:64`, and for SAC and TD3 `leanrl:` (LeanRL's own script beside
+ours, `--leanrl-sac-script`, `--leanrl-td3-script`), one check at a time, with no budget. docs/benchmarks.md says
+what each check means, and the budget's table.
 
 Results survive a kill: each check's output goes to OUT/logs/<check>.log while it runs, and its line is appended
 to OUT/summary.txt as soon as it ends. A check past its time limit is killed with every process it started
@@ -98,6 +99,20 @@ FEW_ITERATIONS = {
         256,
     ),
 }
+# graphs:<script>: --cudagraphs against eager, world size 1 (the Atari PPO also on 2 ranks), on each device: the flags
+# and the global step; 8 iterations (PPO) of a float32 learning rate annealed in float32 numbers (`GRAPH_LR`), so
+# that both runs take bitwise the same steps. The runs are correctness checks: they share the machine.
+PPO_GRAPHS = ("--local-num-envs 4 --num-steps 32 --num-minibatches 2 --update-epochs 2", 8 * 4 * 32)
+PPO_GRAPHS_CPU = ("--local-num-envs 1 --num-steps 4 --num-minibatches 1 --update-epochs 1", 8 * 1 * 4)
+DQN_GRAPHS = "--buffer-size 512 --learning-starts 64 --train-frequency 4 --target-network-frequency 64 --log-every 64"
+GRAPH_RUNS = {
+    "cuda": dict.fromkeys((ATARI, "ppo_atari_async_multigpu.py", "pqn_atari_multigpu.py"), PPO_GRAPHS)
+    | {"dqn_atari_multigpu.py": (f"--local-num-envs 4 --local-batch-size 32 {DQN_GRAPHS}", 512)},
+    "cpu": dict.fromkeys((ATARI, "pqn_atari_multigpu.py"), PPO_GRAPHS_CPU)
+    | {"ppo_atari_async_multigpu.py": (PPO_GRAPHS_CPU[0].replace("envs 1", "envs 2"), 2 * PPO_GRAPHS_CPU[1])}
+    | {"dqn_atari_multigpu.py": (f"--local-num-envs 1 --local-batch-size 4 {DQN_GRAPHS}", 192)},
+}
+GRAPH_LR = 2**-12  # 0.000244140625: it and its annealed values k/8 (k/16 for the stopped run) are float32 numbers
 NEEDS = {"ppo_continuous_action_multigpu.py": "mujoco"}  # a module beyond `pip install -e .`: skipped without it
 COMPILED = ("ppo_atari_multigpu.py", "sac_continuous_action_multigpu.py", "td3_continuous_action_multigpu.py")
 PER_SCRIPT = ("script", "gloo", "flat", "compile", "compile-flat", "compile-speed", "sync-debug", "profile", "graphs")
@@ -182,7 +197,8 @@ GPU_BUDGET = Budget(
     },
     timeouts={"script": 90, "gloo": 90, "flat": 90, "compile": 240, "compile-flat": 240, "compile-speed": 240}
     | {"nccl-1": 60, "sync-debug": 120, "nccl-guard": 60, "resume": 120, "evaluate": 90, "throughput": 180}
-    | {"cleanrl": 180, "leanrl": 300, "env-sweep": 180, "profile": 120, "graphs": 120, "graphs-speed": 240},
+    | {"cleanrl": 180, "leanrl": 300, "env-sweep": 180, "profile": 120, "graphs-speed": 240}
+    | {"graphs": 240},  # the Atari scripts' graphs: 6 processes at once, then 2 resumes
     cleanrl_iterations=8,
     leanrl_iterations=20,
     env_sweep_steps=4000,
@@ -614,20 +630,21 @@ def check_sync_debug(c: Check, script: str) -> Result:
     )
 
 
-def check_compile_speed(c: Check, script: str) -> Result:
-    """`script` at world size 1, eager then --compile, in this call: both end at their exact step; steady SPS."""
+def check_compile_speed(c: Check, script: str, kind: str = "compile-speed", option: str = "--compile") -> Result:
+    """`script` at world size 1, eager then with `option` (--compile), in this call: both end at their exact step;
+    steady SPS."""
     from benchmark import throughput as tp
     from benchmark.events import read_scalar_events
 
-    name = f"compile-speed:{script}"
+    name = f"{kind}:{script}"
     flags, total, warmup = c.budget.speed_runs[script]
     sps = {}
     for compiled in (False, True):
-        run_name = f"check-speed-{script.removesuffix('.py')}-{int(compiled)}"
-        cmd = c.command(script, [*shlex.split(flags), *(["--compile"] if compiled else []), *c.device_flags])
+        run_name = f"check-{kind}-{script.removesuffix('.py')}-{int(compiled)}"
+        cmd = c.command(script, [*shlex.split(flags), *([option] if compiled else []), *c.device_flags])
         cmd += ["--runs-dir", str(c.runs), "--run-name", run_name, "--checkpoint-every", "0"]
-        label = "the compiled run" if compiled else "the eager run"
-        log_name = f"{name} {'compiled' if compiled else 'eager'}"
+        label = f"the {option} run" if compiled else "the eager run"
+        log_name = f"{name} {option.removeprefix('--') if compiled else 'eager'}"
         code, out, seconds = c.run(log_name, cmd, env={**c.env, **COMPILE_LOGS} if compiled else None)
         if code != 0:
             why = f"killed at its limit of {c.limit(name):.0f} s" if code is None else f"exited {code}"
@@ -640,6 +657,14 @@ def check_compile_speed(c: Check, script: str) -> Result:
     if skips and c.device == "cuda":
         return c.failed(name, code, out, f"compiled graphs ran without CUDA graphs: {'; '.join(skips)}", log_name)
     (eager, eager_s), (compiled, compiled_s) = sps[False], sps[True]
+    if option != "--compile":
+        return Result(
+            name,
+            "ok",
+            f"{eager:,.0f} SPS eager ({eager_s:.0f} s), {compiled:,.0f} SPS with {option} ({compiled_s:.0f} s): "
+            f"{compiled / eager:.2f}x steady (the first {warmup} logged iterations excluded), both at global step "
+            f"{total}",
+        )
     return Result(
         name,
         "ok",
@@ -669,7 +694,7 @@ def check_profile(c: Check, script: str) -> Result:
     return results
 
 
-def check_graphs_speed(c: Check, script: str) -> Result:
+def check_graphs_speed_offpolicy(c: Check, script: str) -> Result:
     """`script` at world size 1, eager then --cudagraphs (then with --compile too, on CUDA), in this call: each ends
     at its exact step; their steady SPS once updates run (the capture excluded) and the ratios to eager."""
     from benchmark import throughput as tp
@@ -703,7 +728,7 @@ def check_graphs_speed(c: Check, script: str) -> Result:
     )
 
 
-def check_graphs(c: Check, script: str) -> Result:
+def check_graphs_offpolicy(c: Check, script: str) -> Result:
     """--cudagraphs against eager, same seed and flags, at world size 1 and at 2 ranks sharing the device (gloo,
     --grad-sync flat, replicas compared every iteration), all four runs at once: the final checkpoints' learned
     tensors (networks, targets, optimizer state, log_alpha) equal, bitwise or within EQUAL_RTOL."""
@@ -806,6 +831,123 @@ def relative_difference(a, b) -> float:
         return float("inf")
     a, b = a.double(), b.double()
     return 0.0 if bool((a == b).all()) else float((a - b).norm() / max(float(b.norm()), 1e-30))
+
+
+def check_graphs_speed_atari(c: Check, script: str) -> Result:
+    """`script` at world size 1, eager then --cudagraphs, as compile-speed: both to their exact step; steady SPS."""
+    return check_compile_speed(c, script, "graphs-speed", "--cudagraphs")
+
+
+def checkpoint_differences(a: Path, b: Path) -> list[str]:
+    """Where two checkpoints' parameters, optimizer state and RNG streams (CUDA's included) differ in any bit: for
+    each differing tensor its name and the largest difference relative to the tensor's largest magnitude."""
+    import torch
+    from torch.utils._pytree import keystr, tree_flatten_with_path
+
+    ckpts = [torch.load(p / "checkpoint.pt", map_location="cpu", weights_only=True) for p in (a, b)]
+    keys = [k for k in ("agent", "q_network", "target_network", "optimizer", "rng") if k in ckpts[0]]
+    out = []
+    for key in keys:
+        leaves = [tree_flatten_with_path(ckpt[key])[0] for ckpt in ckpts]
+        if [path for path, _ in leaves[0]] != [path for path, _ in leaves[1]]:
+            out.append(f"{key}: other entries")
+            continue
+        for (path, x), (_, y) in zip(*leaves, strict=True):
+            if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
+                if x.shape != y.shape or not torch.equal(x, y):
+                    scale = x.double().abs().max().clamp_min(1e-30) if x.is_floating_point() else 1.0
+                    rel = float((x.double() - y.double()).abs().max() / scale) if x.shape == y.shape else float("inf")
+                    out.append(f"{key}{keystr(path)} ({rel:.1e})")
+            elif x != y:
+                out.append(f"{key}{keystr(path)}")
+    return out
+
+
+def check_graphs_atari(c: Check, script: str) -> Result:
+    """--cudagraphs against eager from the same seeds (docs/benchmarks.md#graphs): the final checkpoints of a run with
+    and without it at world size 1, bitwise (the same kernels replay, the same random numbers); a --cudagraphs run
+    stopped by SIGTERM after a checkpoint, resumed once with and once without it, bitwise; for the Atari PPO also 2
+    ranks sharing the device (gloo), --cudagraphs under DDP and with --grad-sync flat against eager DDP."""
+    import shutil
+
+    name, stem = f"graphs:{script}", script.removesuffix(".py")
+    if script not in GRAPH_RUNS[c.device]:
+        return Result(name, "FAIL", "no row for it in GRAPH_RUNS (benchmark/gpu_check.py): add its flags")
+    flags, total = GRAPH_RUNS[c.device][script]
+    base = [*shlex.split(flags), "--learning-rate", GRAPH_LR, "--seed", 1, *c.device_flags]
+    runs = {  # run -> (processes, its flags)
+        "eager": (1, ["--total-timesteps", total]),
+        "graphs": (1, ["--cudagraphs", "--total-timesteps", total]),
+        # twice as long: it cannot finish before the signal lands
+        "stopped": (1, ["--cudagraphs", "--total-timesteps", 2 * total, "--checkpoint-every", "1"]),
+    }
+    if script == ATARI:
+        for run, extra in (("eager-2", []), ("graphs-2", ["--cudagraphs"]), ("graphs-flat-2", ["--cudagraphs"])):
+            sync = ["--grad-sync", "flat"] if "flat" in run else []
+            runs[run] = (2, [*extra, *sync, "--total-timesteps", 2 * total, "--backend", "gloo"])
+    procs = {}
+    for run, (nproc, extra) in runs.items():
+        cmd = c.command(script, [*base, *extra], nproc) + [
+            "--runs-dir",
+            str(c.runs),
+            "--run-name",
+            f"check-graphs-{stem}-{run}",
+        ]
+        cmd += [] if "--checkpoint-every" in extra else ["--checkpoint-every", "0"]
+        procs[run] = c.start(f"{name} {run}", cmd)
+    stopped = c.runs / f"check-graphs-{stem}-stopped"
+    start = time.monotonic()
+    while not (stopped / "checkpoint.pt").exists() and procs["stopped"].poll() is None:
+        if time.monotonic() - start > c.limit(name):
+            break
+        time.sleep(0.05)
+    if procs["stopped"].poll() is None:
+        os.kill(procs["stopped"].pid, signal.SIGTERM)
+    outs = {run: c.finish(f"{name} {run}", proc) for run, proc in procs.items()}
+    for run, (code, out) in outs.items():
+        if code != 0 and not (run == "stopped" and "preempted by a signal at global step" in out):
+            return c.failed(name, code, out, f"the {run} run exited {code}", f"{name} {run}")
+    stopped_at = re.search(r"preempted by a signal at global step (\d+);", outs["stopped"][1])
+    if stopped_at is None:
+        return c.failed(name, 0, outs["stopped"][1], "the stopped run was not stopped by SIGTERM", f"{name} stopped")
+    resumed = {}
+    for run in ("resumed-eager", "resumed-graphs"):
+        shutil.copytree(stopped, c.runs / f"check-graphs-{stem}-{run}")
+        flag_ = "--cudagraphs" if run == "resumed-graphs" else "--no-cudagraphs"
+        cmd = [*c.command(script, ["--resume", c.runs / f"check-graphs-{stem}-{run}", flag_]), *c.device_flags]
+        cmd += ["--checkpoint-every", "0"]
+        resumed[run] = c.start(f"{name} {run}", cmd)
+    for run, proc in resumed.items():
+        code, out = c.finish(f"{name} {run}", proc)
+        if code != 0:
+            return c.failed(name, code, out, f"the {run} run exited {code}", f"{name} {run}")
+    pairs = [("eager", "graphs"), ("resumed-eager", "resumed-graphs")]
+    pairs += [("eager-2", "graphs-2"), ("eager-2", "graphs-flat-2")] if script == ATARI else []
+    for a, b in pairs:
+        differ = checkpoint_differences(c.runs / f"check-graphs-{stem}-{a}", c.runs / f"check-graphs-{stem}-{b}")
+        if differ:
+            why = (
+                f"{b} differs from {a} in {len(differ)} tensor(s), largest relative difference: {'; '.join(differ[:4])}"
+            )
+            return Result(name, "FAIL", why)
+    two = " and 2 ranks (DDP, flat)" if script == ATARI else ""
+    return Result(
+        name,
+        "ok",
+        f"--cudagraphs bitwise equal to eager at world size 1{two} (global step {total}), and resumed from global "
+        f"step {stopped_at.group(1)} with and without it",
+    )
+
+
+def check_graphs(c: Check, script: str) -> Result:
+    """`graphs:<script>`: --cudagraphs against eager from the same seeds (SAC's and TD3's runs, or the Atari ones)."""
+    return (check_graphs_offpolicy if script in OFF_POLICY else check_graphs_atari)(c, script)
+
+
+def check_graphs_speed(c: Check, script: str) -> Result:
+    """`graphs-speed:<script>`: eager against --cudagraphs, steady SPS (SAC and TD3 on HalfCheetah-v5, or the Atari
+    PPO at 8 envs)."""
+    return (check_graphs_speed_offpolicy if script in OFF_POLICY else check_graphs_speed_atari)(c, script)
 
 
 def check_nccl_guard(c: Check) -> Result:

@@ -5,17 +5,21 @@
 
 The loop is built from the Atari PPO script's own pieces (`make_env`, `Agent`, `compute_gae`,
 `normalize_advantages`, `ppo_loss`, and `halves` in the asynchronous variant) and the modules they use
-(`rt.to_device`, `atari.clip_reward`, `atari.game_over`), in the order its `main()` runs them, with a timer
-around each part. Each timer waits for the device before it reads (`sync`: torch.cuda.synchronize on CUDA,
-nothing on CPU), so a part's time holds its own kernels; that also removes the overlap of host and device work
+(`graphs`, `atari.clip_reward`, `atari.game_over`), in the order its `main()` runs them, with a timer
+around each part; with the script's `--cudagraphs` (`cudagraphs=True`, or the script's default) the policy
+step, GAE and each minibatch update are CUDA graph replays on a GPU, as in the script. Each timer waits for the
+device before it reads (`sync`: torch.cuda.synchronize on CUDA, nothing on CPU), so a part's time holds its own
+kernels; that also removes the overlap of host and device work
 that the real loop has, so on a GPU the profiled loop is slower than the script: read the split from here and
 the SPS from the real run. Parts:
 
 - env: the emulator, as the host sees it: `envs.step`, or `send` + `recv` where two halves overlap (there
   `recv` only waits for what the policy step of the other half did not hide);
-- policy: `get_action_and_value` on the rollout's frames (forward, sampling, log-prob, value);
-- copies: frames to the device (`to_device`), actions to the host, rewards and dones once per rollout;
-- bookkeeping: writes into the rollout buffer, reward clipping, done flags, whole-game accounting;
+- policy: the script's policy step: `get_action_and_value` on the rollout's frames (forward, sampling, log-prob,
+  value) and its writes into the rollout buffers (actions, log-probs, values);
+- copies: frames to the device (`graphs.fill`), actions to the host, rewards and dones once per rollout;
+- bookkeeping: the frames' write into the rollout buffer, reward clipping, done flags (NumPy rows of the
+  page-locked host buffers), whole-game accounting;
 - update: the bootstrap value, GAE and every minibatch (loss, backward, clipping, optimizer step);
 - other: the rest of the iteration's wall time (the loop's own Python).
 
@@ -29,6 +33,7 @@ import os
 import queue
 import time
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -37,8 +42,7 @@ import torch.nn as nn
 import torch.optim as optim
 
 from benchmark.harness import rank_threads
-from cleanrl_ddp import atari
-from cleanrl_ddp import runtime as rt
+from cleanrl_ddp import atari, graphs
 
 PARTS = ("env", "policy", "copies", "bookkeeping", "update", "other")
 PART_NAMES = dict(env="env step", policy="policy step", copies="host<->device copies", bookkeeping="bookkeeping")
@@ -59,11 +63,15 @@ class Timer:
         self.seconds[part] += time.perf_counter() - start
 
 
-def profile_iterations(module_name: str, env_id: str, num_envs: int, num_steps: int, iterations: int, warmup: int = 1):
+def profile_iterations(
+    module_name: str, env_id: str, num_envs: int, num_steps: int, iterations: int, warmup: int = 1, cudagraphs=None
+):
     """Run `warmup + iterations` PPO iterations of one rank of `module_name` (a cleanrl_ddp Atari PPO script)
-    with its default flags; returns the mean seconds per iteration of each part after warm-up, and the rate."""
+    with its default flags (`cudagraphs`: the script's default when None); returns the mean seconds per
+    iteration of each part after warm-up, and the rate."""
     module = importlib.import_module(module_name)
     args = module.Args(env_id=env_id, local_num_envs=num_envs, num_steps=num_steps)
+    cudagraphs = getattr(args, "cudagraphs", False) if cudagraphs is None else cudagraphs
     sizes = module.derive_sizes(args, world_size=1)
     device = torch.device("cuda", 0) if args.cuda and torch.cuda.is_available() else torch.device("cpu")
     pin = device.type == "cuda"  # page-locked buffers and non-blocking copies, the script's `run.on_cuda`
@@ -80,8 +88,13 @@ def profile_iterations(module_name: str, env_id: str, num_envs: int, num_steps: 
     prev_lives = [info["lives"] for _, info in resets]
     memory_format = torch.channels_last if args.channels_last else torch.contiguous_format  # as the script
     agent = module.Agent(int(envs[0].single_action_space.n)).to(device, memory_format=memory_format)
-    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    optimizer = graphs.optimizer(
+        optim.Adam, agent.parameters(), args.learning_rate, cudagraphs, device, eps=1e-5, fused=True
+    )
+    for p in agent.parameters():
+        p.grad = torch.zeros_like(p)
 
+    # the script's storage: allocated once, frames NHWC, host buffers page-locked on CUDA, static device inputs
     stack, height, width = envs[0].single_observation_space.shape
     obs = torch.zeros((num_steps, num_envs, height, width, stack), dtype=torch.uint8, device=device)
     actions = torch.zeros((num_steps, num_envs), dtype=torch.long, device=device)
@@ -90,14 +103,31 @@ def profile_iterations(module_name: str, env_id: str, num_envs: int, num_steps: 
     host_rewards = torch.zeros((num_steps, num_envs), pin_memory=pin)
     host_dones = torch.zeros((num_steps + 1, num_envs), pin_memory=pin)
     staging = [torch.zeros(frames.shape, dtype=torch.uint8, pin_memory=pin) for frames, _ in resets]
-    next_obs = [rt.to_device(frames, device, s) for (frames, _), s in zip(resets, staging, strict=True)]
+    next_obs = [s.to(device) for s in staging]
+    for (frames, _), s, static in zip(resets, staging, next_obs, strict=True):
+        graphs.fill(static, frames, s)
+    rewards, all_dones = host_rewards.to(device), host_dones.to(device)
+    rewards_np, dones_np, steps = host_rewards.numpy(), host_dones.numpy(), torch.arange(num_steps, device=device)
+
+    def policy_step(step, k):
+        with torch.no_grad():
+            action, logprob, _, value = agent.get_action_and_value(next_obs[k])
+        values[step, groups[k]], actions[step, groups[k]], logprobs[step, groups[k]] = value.flatten(), action, logprob
+
+    capture = cudagraphs and device.type == "cuda"
+    policy_steps = [graphs.graphed(partial(policy_step, k=k), capture) for k in range(len(groups))]
+    update = updater(
+        module, agent, optimizer, args, sizes, obs, actions, logprobs, values, rewards, all_dones, next_obs
+    )
+    update = [graphs.graphed(f, capture) for f in update]
 
     k_groups, totals = len(groups), []
     for iteration in range(warmup + iterations):
         if iteration == warmup:  # from here on, the steady state
             timer.seconds = dict.fromkeys(PARTS, 0.0)
         start = time.perf_counter()
-        host_dones[0] = host_dones[-1]
+        with timer("bookkeeping"):
+            dones_np[0] = dones_np[-1]
         # group k takes step `step` at turn k_groups * step + k; its results come in k_groups - 1 turns later
         # (at once with one group: the synchronous loop; one turn later with two halves: the overlapped one)
         for i in range(k_groups * num_steps + k_groups - 1):
@@ -105,13 +135,10 @@ def profile_iterations(module_name: str, env_id: str, num_envs: int, num_steps: 
             if step < num_steps:
                 with timer("bookkeeping"):
                     obs[step, groups[k]] = next_obs[k].permute(0, 2, 3, 1)
-                with timer("policy"), torch.no_grad():
-                    action, logprob, _, value = agent.get_action_and_value(next_obs[k])
-                with timer("bookkeeping"):
-                    values[step, groups[k]], actions[step, groups[k]] = value.flatten(), action
-                    logprobs[step, groups[k]] = logprob
+                with timer("policy"):
+                    policy_steps[k](steps[step : step + 1])
                 with timer("copies"):
-                    host_action = action.cpu().numpy()
+                    host_action = actions[step, groups[k]].cpu().numpy()
                 with timer("env"):
                     envs[k].send(host_action)
             if i >= k_groups - 1:
@@ -119,17 +146,17 @@ def profile_iterations(module_name: str, env_id: str, num_envs: int, num_steps: 
                 with timer("env"):
                     frames, reward, terminations, truncations, info = envs[k].recv()
                 with timer("bookkeeping"):
-                    host_dones[step + 1, groups[k]] = torch.from_numpy(terminations | truncations)
-                    host_rewards[step, groups[k]] = torch.from_numpy(atari.clip_reward(reward))
+                    dones_np[step + 1, groups[k]] = terminations | truncations
+                    rewards_np[step, groups[k]] = atari.clip_reward(reward)
                     atari.game_over(terminations, truncations, info["lives"], prev_lives[k])
                     prev_lives[k] = info["lives"]
                 with timer("copies"):
-                    next_obs[k] = rt.to_device(frames, device, staging[k])
+                    graphs.fill(next_obs[k], frames, staging[k])
         with timer("copies"):
-            rewards = host_rewards.to(device, non_blocking=pin)
-            all_dones = host_dones.to(device, non_blocking=pin)
+            rewards.copy_(host_rewards, non_blocking=True)
+            all_dones.copy_(host_dones, non_blocking=True)
         with timer("update"):
-            update(module, agent, optimizer, args, sizes, obs, actions, logprobs, values, rewards, all_dones, next_obs)
+            run_update(module, update, args, sizes, device)
         totals.append(time.perf_counter() - start)
     for e in envs:
         e.close()
@@ -140,37 +167,51 @@ def profile_iterations(module_name: str, env_id: str, num_envs: int, num_steps: 
     return dict(seconds=seconds, total=total, sps=num_envs * num_steps / total, device=str(device), threads=threads)
 
 
-def update(module, agent, optimizer, args, sizes, obs, actions, logprobs, values, rewards, all_dones, next_obs):
-    """The script's update at world size 1: bootstrap value, GAE, then every epoch's minibatches."""
-    with torch.no_grad():
-        next_value = agent.get_value(torch.cat(next_obs)).reshape(1, -1)
-        advantages, returns = module.compute_gae(
-            rewards, values, all_dones[:-1], next_value, all_dones[-1], args.gamma, args.gae_lambda
-        )
+def updater(module, agent, optimizer, args, sizes, obs, actions, logprobs, values, rewards, all_dones, next_obs):
+    """The script's update at world size 1, as the functions it captures with --cudagraphs: (bootstrap value and
+    GAE, one minibatch's loss, backward, clipping and optimizer step)."""
     b_obs = obs.reshape(-1, *obs.shape[2:]).permute(0, 3, 1, 2)  # NCHW view, channels-last strides
     batch = dict(mb_obs=b_obs, mb_actions=actions.reshape(-1), mb_logprobs=logprobs.reshape(-1))
-    batch |= dict(mb_returns=returns.reshape(-1), mb_values=values.reshape(-1))
-    b_advantages = advantages.reshape(-1)
-    local_batch_size, local_minibatch_size = sizes.local_batch_size, sizes.local_minibatch_size
+    batch |= dict(mb_values=values.reshape(-1))
+
+    def advantages_and_returns():
+        with torch.no_grad():
+            next_value = agent.get_value(torch.cat(next_obs)).reshape(1, -1)
+            return module.compute_gae(
+                rewards, values, all_dones[:-1], next_value, all_dones[-1], args.gamma, args.gae_lambda
+            )
+
+    def backward_and_step(mb_inds, mb_advantages, b_returns):
+        minibatch = {k: b[mb_inds] for k, b in batch.items()}
+        loss, stats = module.ppo_loss(agent, mb_advantages, **minibatch, mb_returns=b_returns[mb_inds], args=args)
+        optimizer.zero_grad(set_to_none=False)
+        loss.backward()
+        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+        optimizer.step()
+        return stats
+
+    return advantages_and_returns, backward_and_step
+
+
+def run_update(module, update, args, sizes, device):
+    """Bootstrap value, GAE, then every epoch's minibatches (`update`: `updater`'s functions)."""
+    advantages_and_returns, backward_and_step = update
+    advantages, returns = advantages_and_returns()
+    b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
     for _epoch in range(args.update_epochs):
-        b_inds = torch.randperm(local_batch_size, device=obs.device).view(-1, local_minibatch_size)
+        b_inds = torch.randperm(sizes.local_batch_size, device=device).view(-1, sizes.local_minibatch_size)
         epoch_advantages = b_advantages[b_inds]
         if args.norm_adv:
             epoch_advantages = module.normalize_advantages(epoch_advantages, 1)
         for mb_inds, mb_advantages in zip(b_inds, epoch_advantages, strict=True):
-            minibatch = {k: b[mb_inds] for k, b in batch.items()}
-            loss, _ = module.ppo_loss(agent, mb_advantages, **minibatch, args=args)
-            optimizer.zero_grad(set_to_none=False)
-            loss.backward()
-            nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-            optimizer.step()
+            backward_and_step(mb_inds, mb_advantages, b_returns)
 
 
-def profile_worker(module_name, env_id, num_envs, num_steps, iterations, threads, cores, results):
+def profile_worker(module_name, env_id, num_envs, num_steps, iterations, threads, cores, results, cudagraphs=None):
     """`profile_iterations` in a process of its own, on `cores` with `threads` threads (one rank's share)."""
     os.sched_setaffinity(0, cores)
     torch.set_num_threads(threads)
-    results.put(profile_iterations(module_name, env_id, num_envs, num_steps, iterations))
+    results.put(profile_iterations(module_name, env_id, num_envs, num_steps, iterations, cudagraphs=cudagraphs))
 
 
 def is_profilable(script: str) -> bool:
@@ -184,9 +225,19 @@ def is_profilable(script: str) -> bool:
     )
 
 
-def profile_rank(script: str, env_id: str, world_size: int, num_envs: int, num_steps: int, iterations: int, cores=None):
+def profile_rank(
+    script: str,
+    env_id: str,
+    world_size: int,
+    num_envs: int,
+    num_steps: int,
+    iterations: int,
+    cores=None,
+    cudagraphs=None,
+):
     """One rank of a run at `world_size`, profiled alone on its share of `cores` (default: this process's) in a
-    process of its own; None when the script lacks the pieces (not an Atari PPO script)."""
+    process of its own, with the script's --cudagraphs when `cudagraphs` (None: its default); None when the script
+    lacks the pieces (not an Atari PPO script)."""
     if not is_profilable(script):
         return None
     available = list(cores or sorted(os.sched_getaffinity(0)))
@@ -195,6 +246,7 @@ def profile_rank(script: str, env_id: str, world_size: int, num_envs: int, num_s
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     worker_args = (module_name, env_id, num_envs, num_steps, iterations, threads, available[:threads], results)
+    worker_args += (cudagraphs,)
     proc = ctx.Process(target=profile_worker, args=worker_args)
     proc.start()
     while True:

@@ -35,6 +35,8 @@ next to that run's SPS and ceiling:
 
     python -m benchmark.throughput --world-sizes 1 --local-num-envs 8 --profile \
         --compare cleanrl_ddp/ppo_atari_async_multigpu.py
+
+With `-- --cudagraphs` the runs take the flag and the profile replays the same CUDA graphs.
 """
 
 import argparse
@@ -438,7 +440,8 @@ def profile_configuration(args, variants, ws: int, cores, rows: list[dict]) -> l
     profiles = []
     for script, name in [(args.script, default), *((s, Path(s).name) for s in args.compare)]:
         n, steps, iterations = args.local_num_envs, args.num_steps, args.profile_iterations
-        result = profile_rollout.profile_rank(script, args.env_id, ws, n, steps, iterations, cores)
+        cudagraphs = "--cudagraphs" in args.extra or None  # the profile follows the runs' --cudagraphs
+        result = profile_rollout.profile_rank(script, args.env_id, ws, n, steps, iterations, cores, cudagraphs)
         if result is None:
             print(f"  ws={ws} {Path(script).name}: not profiled (not an Atari PPO script)", flush=True)
             continue

@@ -20,7 +20,7 @@ import tyro
 from ale_py.vector_env import AtariVectorEnv
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from cleanrl_ddp import atari, evals
+from cleanrl_ddp import atari, evals, graphs
 from cleanrl_ddp import runtime as rt
 
 SCRIPT = os.path.basename(__file__)[: -len(".py")]
@@ -76,6 +76,8 @@ class Args(rt.RunArgs):
     """global steps between logged (all-reduced) metrics; a preemption signal is acted on at these steps"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
     """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
+    cudagraphs: bool = False
+    """CUDA: the greedy actions replayed as one CUDA graph (CPU: the same, eagerly)"""
 
 
 def make_env(env_id: str, num_envs: int, num_threads: int = 1, repeat_action_probability: float = 0.0):
@@ -332,6 +334,14 @@ def main() -> None:
     obs_first = np.ones(n, dtype=bool)  # `obs` came from a reset
     obs_final = np.zeros(n, dtype=bool)  # `obs` is a game's last: the next step resets
     prev_lives = infos["lives"].copy()
+    staging = torch.zeros(obs.shape, dtype=torch.uint8, pin_memory=run.on_cuda)
+    static_obs = staging.to(device)  # the graph's input (on the CPU the staging buffer itself)
+
+    def greedy_actions():
+        with torch.no_grad():  # the unwrapped network: inference must not go through DDP
+            return q_network(static_obs).argmax(dim=1)
+
+    greedy_actions = graphs.graphed(greedy_actions, args.cudagraphs and run.on_cuda)  # --cudagraphs: one replay
     episodes = rt.Episodes(n)  # whole games
     sums = dict(td_loss=0.0, q_values=0.0, updates=0)  # since the last logged step
     num_updates = ckpt["num_updates"] if ckpt else 0
@@ -349,9 +359,8 @@ def main() -> None:
         explore = np.random.random(n) < epsilon
         actions = np.random.randint(0, n_actions, n)
         if not explore.all():
-            with torch.no_grad():  # the unwrapped network: inference must not go through DDP
-                q_values = q_network(rt.to_device(obs, device))
-            actions = np.where(explore, actions, q_values.argmax(dim=1).cpu().numpy())  # the one wait
+            graphs.fill(static_obs, obs, staging)
+            actions = np.where(explore, actions, greedy_actions().cpu().numpy())  # the one wait
 
         # TRY NOT TO MODIFY: execute the game and log data.
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)

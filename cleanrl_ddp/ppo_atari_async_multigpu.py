@@ -16,6 +16,7 @@ import os
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal, Optional
 
 import numpy as np
@@ -28,7 +29,7 @@ from ale_py.vector_env import AtariVectorEnv
 from torch.distributions.categorical import Categorical
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from cleanrl_ddp import atari, evals
+from cleanrl_ddp import atari, evals, graphs
 from cleanrl_ddp import runtime as rt
 
 SCRIPT = os.path.basename(__file__)[: -len(".py")]
@@ -88,6 +89,8 @@ class Args(rt.RunArgs):
     """store conv weights and activations channels-last (NHWC): faster convolutions, same math"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
     """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
+    cudagraphs: bool = False
+    """CUDA: the policy steps, GAE and the minibatch update replayed as CUDA graphs (CPU: the same, eagerly)"""
 
 
 def make_env(env_id: str, num_envs: int, num_threads: int = 1, repeat_action_probability: float = 0.0):
@@ -331,8 +334,10 @@ def main() -> None:
     if world_size > 1:
         for tensor in agent.state_dict().values():  # the same start whichever --grad-sync is used
             dist.broadcast(tensor, src=0)
-    # fused: one kernel for all parameters
-    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    # fused: one kernel for all parameters; --cudagraphs: the learning rate a tensor that a captured step reads
+    optimizer = graphs.optimizer(
+        optim.Adam, agent.parameters(), args.learning_rate, args.cudagraphs, device, eps=1e-5, fused=True
+    )
     rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
     if ckpt:
         agent.load_state_dict(ckpt["agent"])
@@ -347,9 +352,7 @@ def main() -> None:
     prev_lives = [info["lives"] for _, info in resets]
     episodes = rt.Episodes(n)  # whole games (all lives)
 
-    # ALGO Logic: Storage setup. Frames stay uint8, stored NHWC (height x width x stack), so that a minibatch
-    # of the buffer is channels-last. Rewards and dones cross to the device once per rollout (page-locked on
-    # CUDA), frames at every step, through a staging buffer of their own (NCHW) shape, one per half.
+    # ALGO Logic: Storage setup, allocated once, as in ppo_atari_multigpu.py; one staging buffer per half
     stack, height, width = envs[0].single_observation_space.shape
     obs = torch.zeros((args.num_steps, n, height, width, stack), dtype=torch.uint8, device=device)
     actions = torch.zeros((args.num_steps, n), dtype=torch.long, device=device)
@@ -358,32 +361,64 @@ def main() -> None:
     host_rewards = torch.zeros((args.num_steps, n), pin_memory=run.on_cuda)
     host_dones = torch.zeros((args.num_steps + 1, n), pin_memory=run.on_cuda)  # last row: next_done
     staging = [torch.zeros(frames.shape, dtype=torch.uint8, pin_memory=run.on_cuda) for frames, _ in resets]
-    next_obs = [rt.to_device(frames, device, staging[h]) for h, (frames, _) in enumerate(resets)]
+    next_obs = [graphs.fill(s.to(device), frames, s) for s, (frames, _) in zip(staging, resets, strict=True)]
+    rewards, all_dones = host_rewards.to(device), host_dones.to(device)
+    rewards_np, dones_np, steps = host_rewards.numpy(), host_dones.numpy(), torch.arange(args.num_steps, device=device)
+    b_obs = obs.reshape(-1, height, width, stack).permute(0, 3, 1, 2)  # NCHW view
+    b_logprobs, b_actions, b_values = logprobs.reshape(-1), actions.reshape(-1), values.reshape(-1)
+
+    def policy_step(step, h):
+        """Half `h`'s policy, written into rollout row `step` (a tensor: one graph serves every row)."""
+        # ALGO LOGIC: action logic (the unwrapped agent: inference must not go through DDP)
+        with torch.no_grad(), autocast:
+            action, logprob, _, value = agent.get_action_and_value(next_obs[h])
+        values[step, cols[h]], actions[step, cols[h]], logprobs[step, cols[h]] = value.flatten(), action, logprob
+
+    def advantages_and_returns():
+        with torch.no_grad():
+            with autocast:  # bootstrap value if not done
+                next_value = agent.get_value(torch.cat(next_obs)).reshape(1, -1)
+            dones, next_done = all_dones[:-1], all_dones[-1]
+            return compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
+
+    def minibatch_backward(mb_inds, mb_advantages, b_returns):
+        minibatch = [b[mb_inds] for b in (b_obs, b_actions, b_logprobs, b_returns, b_values)]  # ppo_loss's order
+        with autocast:
+            loss, mb_stats = ppo_loss(model, mb_advantages, *minibatch, args)
+        optimizer.zero_grad(set_to_none=False)
+        loss.backward()
+        return mb_stats
+
+    def clip_and_step():
+        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+        optimizer.step()
+
+    # --cudagraphs: as in ppo_atari_multigpu.py, with one graph per half's policy step
+    capture = args.cudagraphs and run.on_cuda  # only CUDA captures
+    policy_steps = [graphs.graphed(partial(policy_step, h=h), capture) for h in (0, 1)]
+    advantages_and_returns = graphs.graphed(advantages_and_returns, capture)
+    backward, step_optimizer = graphs.update_step(
+        minibatch_backward, clip_and_step, capture, model is agent, world_size
+    )
     num_iterations, preempted = sizes.num_iterations, False
     rt.open_run(run, sizes, ckpt)
 
     for iteration in range(start_iteration, num_iterations + 1):
         rollout_start = time.perf_counter()
-        if args.anneal_lr:
-            frac = 1.0 - (iteration - 1.0) / num_iterations
-            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+        lr = args.learning_rate * (1.0 - (iteration - 1.0) / num_iterations if args.anneal_lr else 1.0)
+        graphs.set_lr(optimizer, lr)
 
-        host_dones[0] = host_dones[-1]
+        dones_np[0] = dones_np[-1]
         # Half-steps: half h takes step `step` at half-step 2 * step + h, and its results are taken in one
         # half-step later, so the policy picks one half's actions while the emulator steps the other half.
         for i in range(2 * args.num_steps + 1):
             h, step = i % 2, i // 2
             if step < args.num_steps:
                 global_step += world_size * half_sizes[h]  # global: all ranks step at once
-                obs[step, cols[h]] = next_obs[h].permute(0, 2, 3, 1)  # a copy: `staging` is reused below
-
-                # ALGO LOGIC: action logic (the unwrapped agent: inference must not go through DDP)
-                with torch.no_grad(), autocast:
-                    action, logprob, _, value = agent.get_action_and_value(next_obs[h])
-                values[step, cols[h]] = value.flatten()
-                actions[step, cols[h]] = action
-                logprobs[step, cols[h]] = logprob
-                envs[h].send(action.cpu().numpy())  # returns at once; the half steps in the emulator's threads
+                obs[step, cols[h]] = next_obs[h].permute(0, 2, 3, 1)  # a copy
+                policy_steps[h](steps[step : step + 1])
+                # returns at once; the half steps in the emulator's threads
+                envs[h].send(actions[step, cols[h]].cpu().numpy())
 
             if i > 0:  # take in the half sent one half-step ago: it stepped while these actions were picked
                 h, step = (i - 1) % 2, (i - 1) // 2
@@ -391,33 +426,19 @@ def main() -> None:
                 frames, reward, terminations, truncations, info = envs[h].recv()
                 # a life loss ends the episode for learning (no bootstrapping through it, as in DeepMind's
                 # protocol); only a game over ends the logged episode, whose return is the game's score
-                host_dones[step + 1, cols[h]] = torch.from_numpy(terminations | truncations)
-                host_rewards[step, cols[h]] = torch.from_numpy(atari.clip_reward(reward))
+                dones_np[step + 1, cols[h]] = terminations | truncations
+                rewards_np[step, cols[h]] = atari.clip_reward(reward)
                 over = atari.game_over(terminations, truncations, info["lives"], prev_lives[h])
                 episodes.step(reward, over, envs=cols[h])
                 prev_lives[h] = info["lives"]
-                next_obs[h] = rt.to_device(frames, device, staging[h])
+                graphs.fill(next_obs[h], frames, staging[h])
 
-        rewards = host_rewards.to(device, non_blocking=run.on_cuda)
-        all_dones = host_dones.to(device, non_blocking=run.on_cuda)
-        dones, next_done = all_dones[:-1], all_dones[-1]
+        rewards.copy_(host_rewards, non_blocking=True)
+        all_dones.copy_(host_dones, non_blocking=True)
         update_start = time.perf_counter()
         grad_sync_seconds = 0.0
-        # bootstrap value if not done
-        with torch.no_grad():
-            with autocast:
-                next_value = agent.get_value(torch.cat(next_obs)).reshape(1, -1)
-            advantages, returns = compute_gae(
-                rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda
-            )
-
-        # flatten the batch
-        b_obs = obs.reshape(-1, height, width, stack).permute(0, 3, 1, 2)  # NCHW view, channels-last strides
-        b_logprobs = logprobs.reshape(-1)
-        b_actions = actions.reshape(-1)
-        b_advantages = advantages.reshape(-1)
-        b_returns = returns.reshape(-1)
-        b_values = values.reshape(-1)
+        advantages, returns = advantages_and_returns()
+        b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
 
         # Optimizing the policy and value network (the same minibatches, so the same all-reduces, on every rank)
         loss_sums, num_updates = {}, 0
@@ -428,25 +449,12 @@ def main() -> None:
             if args.norm_adv:
                 epoch_advantages = normalize_advantages(epoch_advantages, world_size)
             for mb_inds, mb_advantages in zip(b_inds, epoch_advantages, strict=True):
-                with autocast:
-                    loss, mb_stats = ppo_loss(
-                        model,
-                        mb_advantages,
-                        mb_obs=b_obs[mb_inds],
-                        mb_actions=b_actions[mb_inds],
-                        mb_logprobs=b_logprobs[mb_inds],
-                        mb_returns=b_returns[mb_inds],
-                        mb_values=b_values[mb_inds],
-                        args=args,
-                    )
-                optimizer.zero_grad(set_to_none=False)
-                loss.backward()
+                mb_stats = backward(mb_inds, mb_advantages, b_returns)
                 if world_size > 1 and args.grad_sync == "flat":
                     sync_start = time.perf_counter()
                     all_reduce_gradients_flat(list(agent.parameters()), world_size)
                     grad_sync_seconds += time.perf_counter() - sync_start
-                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                optimizer.step()
+                step_optimizer()
                 loss_sums = {k: loss_sums.get(k, 0) + v for k, v in mb_stats.items()}
                 num_updates += 1
 
@@ -471,7 +479,7 @@ def main() -> None:
         var_y = m["y2"] / n_batch - (m["y"] / n_batch) ** 2
         var_diff = m["d2"] / n_batch - (m["d"] / n_batch) ** 2
         scalars = {
-            "charts/learning_rate": optimizer.param_groups[0]["lr"],
+            "charts/learning_rate": lr,
             "losses/explained_variance": np.nan if var_y == 0 else 1 - var_diff / var_y,
             "charts/updates_per_iteration": num_updates,
             **{k: v for k, v in m.items() if k.startswith("losses/")},

@@ -29,7 +29,7 @@ from ale_py.vector_env import AtariVectorEnv
 from torch.distributions.categorical import Categorical
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from cleanrl_ddp import atari, evals
+from cleanrl_ddp import atari, evals, graphs
 from cleanrl_ddp import runtime as rt
 
 SCRIPT = os.path.basename(__file__)[: -len(".py")]
@@ -91,6 +91,8 @@ class Args(rt.RunArgs):
     """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
     compile: bool = False
     """if toggled, `torch.compile` the minibatch loss and its backward (CUDA: with CUDA graphs, mode reduce-overhead)"""
+    cudagraphs: bool = False
+    """CUDA: the policy step, GAE and the minibatch update each replayed as a CUDA graph (CPU: the same, eagerly)"""
 
 
 def make_env(env_id: str, num_envs: int, num_threads: int = 1, repeat_action_probability: float = 0.0):
@@ -325,8 +327,10 @@ def main() -> None:
     if world_size > 1:
         for tensor in agent.state_dict().values():  # the same start whichever --grad-sync is used
             dist.broadcast(tensor, src=0)
-    # fused: one kernel for all parameters
-    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    # fused: one kernel for all parameters; --cudagraphs: the learning rate a tensor that a captured step reads
+    optimizer = graphs.optimizer(
+        optim.Adam, agent.parameters(), args.learning_rate, args.cudagraphs, device, eps=1e-5, fused=True
+    )
     rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
     if ckpt:
         agent.load_state_dict(ckpt["agent"])
@@ -338,7 +342,8 @@ def main() -> None:
         p.grad = torch.zeros_like(p)
     model = DDP(agent) if world_size > 1 and args.grad_sync == "ddp" else agent
     # --compile: ppo_loss and, through AOTAutograd, its backward; the all-reduce, clipping and step stay eager
-    loss_fn = torch.compile(ppo_loss, mode="reduce-overhead" if run.on_cuda else None) if args.compile else ppo_loss
+    mode = "reduce-overhead" if run.on_cuda and not args.cudagraphs else None  # --cudagraphs captures it itself
+    loss_fn = torch.compile(ppo_loss, mode=mode) if args.compile else ppo_loss
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.precision == "bf16" else nullcontext()
 
     # ALE's envs cannot be saved: a resumed run seeds them past the seeds earlier attempts used
@@ -347,9 +352,10 @@ def main() -> None:
     prev_lives = info["lives"]
     episodes = rt.Episodes(n)  # whole games (all lives)
 
-    # ALGO Logic: Storage setup. Frames stay uint8, stored NHWC (height x width x stack), so that a minibatch
-    # of the buffer is channels-last. Rewards and dones cross to the device once per rollout (page-locked on
-    # CUDA), frames at every step, through a staging buffer of their own (NCHW) shape.
+    # ALGO Logic: Storage setup, allocated once (the addresses a CUDA graph replays). Frames stay uint8, stored NHWC
+    # (height x width x stack), so that a minibatch of the buffer is channels-last. Rewards and dones cross to the
+    # device once per rollout, frames at every step, from page-locked buffers on CUDA (on the CPU, `.to(device)`
+    # of a host buffer is the buffer itself); `next_obs` keeps the frames' own (NCHW) shape.
     stack, height, width = envs.single_observation_space.shape
     obs = torch.zeros((args.num_steps, n, height, width, stack), dtype=torch.uint8, device=device)
     actions = torch.zeros((args.num_steps, n), dtype=torch.long, device=device)
@@ -358,58 +364,84 @@ def main() -> None:
     host_rewards = torch.zeros((args.num_steps, n), pin_memory=run.on_cuda)
     host_dones = torch.zeros((args.num_steps + 1, n), pin_memory=run.on_cuda)  # last row: next_done
     staging = torch.zeros(frames.shape, dtype=torch.uint8, pin_memory=run.on_cuda)
-    next_obs = rt.to_device(frames, device, staging)
+    next_obs, rewards, all_dones = staging.to(device), host_rewards.to(device), host_dones.to(device)
+    graphs.fill(next_obs, frames, staging)
+    rewards_np, dones_np, steps = host_rewards.numpy(), host_dones.numpy(), torch.arange(args.num_steps, device=device)
+    b_obs = obs.reshape(-1, height, width, stack).permute(0, 3, 1, 2)  # NCHW view, channels-last strides
+    b_logprobs, b_actions, b_values = logprobs.reshape(-1), actions.reshape(-1), values.reshape(-1)
+
+    def policy_step(step):
+        """The policy on `next_obs`, written into rollout row `step` (a tensor: one graph serves every row)."""
+        # ALGO LOGIC: action logic (the unwrapped agent: inference must not go through DDP)
+        with torch.no_grad(), autocast:
+            action, logprob, _, value = agent.get_action_and_value(next_obs)
+        values[step], actions[step], logprobs[step] = value.flatten(), action, logprob
+
+    def advantages_and_returns():
+        with torch.no_grad():
+            with autocast:  # bootstrap value if not done
+                next_value = agent.get_value(next_obs).reshape(1, -1)
+            dones, next_done = all_dones[:-1], all_dones[-1]
+            return compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
+
+    def minibatch_backward(mb_inds, mb_advantages, b_returns):
+        with autocast:
+            loss, mb_stats = loss_fn(
+                model,
+                mb_advantages,
+                mb_obs=b_obs[mb_inds],
+                mb_actions=b_actions[mb_inds],
+                mb_logprobs=b_logprobs[mb_inds],
+                mb_returns=b_returns[mb_inds],
+                mb_values=b_values[mb_inds],
+                args=args,
+            )
+        optimizer.zero_grad(set_to_none=False)
+        loss.backward()
+        return mb_stats
+
+    def clip_and_step():
+        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+        optimizer.step()
+
+    # --cudagraphs: each a CUDA graph replay; the update's gradient all-reduce between its two graphs (DDP's, inside
+    # backward, leaves that eager), none at world size 1, where the second does nothing (both are in the first)
+    capture = args.cudagraphs and run.on_cuda  # only CUDA captures: on the CPU the same functions run eagerly
+    policy_step = graphs.graphed(policy_step, capture)
+    advantages_and_returns = graphs.graphed(advantages_and_returns, capture)
+    backward, step_optimizer = graphs.update_step(
+        minibatch_backward, clip_and_step, capture, model is agent, world_size
+    )
     num_iterations, preempted = sizes.num_iterations, False
     rt.open_run(run, sizes, ckpt)
 
     for iteration in range(start_iteration, num_iterations + 1):
         rollout_start = time.perf_counter()
-        if args.anneal_lr:
-            frac = 1.0 - (iteration - 1.0) / num_iterations
-            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+        lr = args.learning_rate * (1.0 - (iteration - 1.0) / num_iterations if args.anneal_lr else 1.0)
+        graphs.set_lr(optimizer, lr)
 
-        host_dones[0] = host_dones[-1]
+        dones_np[0] = dones_np[-1]
         for step in range(args.num_steps):
             global_step += sizes.num_envs  # global: all ranks step at once
-            obs[step] = next_obs.permute(0, 2, 3, 1)  # a copy: `staging` is reused below
-
-            # ALGO LOGIC: action logic (the unwrapped agent: inference must not go through DDP)
-            with torch.no_grad(), autocast:
-                action, logprob, _, value = agent.get_action_and_value(next_obs)
-            values[step] = value.flatten()
-            actions[step] = action
-            logprobs[step] = logprob
+            obs[step] = next_obs.permute(0, 2, 3, 1)  # outside the graph: a tensor index made it 3x slower on CPU
+            policy_step(steps[step : step + 1])
 
             # TRY NOT TO MODIFY: execute the game and log data.
-            frames, reward, terminations, truncations, info = envs.step(action.cpu().numpy())
+            frames, reward, terminations, truncations, info = envs.step(actions[step].cpu().numpy())
             # a life loss ends the episode for learning (no bootstrapping through it, as in DeepMind's
             # protocol); only a game over ends the logged episode, whose return is the game's score
-            host_dones[step + 1] = torch.from_numpy(terminations | truncations)
-            host_rewards[step] = torch.from_numpy(atari.clip_reward(reward))
+            dones_np[step + 1] = terminations | truncations
+            rewards_np[step] = atari.clip_reward(reward)
             episodes.step(reward, atari.game_over(terminations, truncations, info["lives"], prev_lives))
             prev_lives = info["lives"]
-            next_obs = rt.to_device(frames, device, staging)
+            graphs.fill(next_obs, frames, staging)
 
-        rewards = host_rewards.to(device, non_blocking=run.on_cuda)
-        all_dones = host_dones.to(device, non_blocking=run.on_cuda)
-        dones, next_done = all_dones[:-1], all_dones[-1]
+        rewards.copy_(host_rewards, non_blocking=True)
+        all_dones.copy_(host_dones, non_blocking=True)
         update_start = time.perf_counter()
         grad_sync_seconds = 0.0
-        # bootstrap value if not done
-        with torch.no_grad():
-            with autocast:
-                next_value = agent.get_value(next_obs).reshape(1, -1)
-            advantages, returns = compute_gae(
-                rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda
-            )
-
-        # flatten the batch
-        b_obs = obs.reshape(-1, height, width, stack).permute(0, 3, 1, 2)  # NCHW view, channels-last strides
-        b_logprobs = logprobs.reshape(-1)
-        b_actions = actions.reshape(-1)
-        b_advantages = advantages.reshape(-1)
-        b_returns = returns.reshape(-1)
-        b_values = values.reshape(-1)
+        advantages, returns = advantages_and_returns()
+        b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
 
         # Optimizing the policy and value network (the same minibatches, so the same all-reduces, on every rank)
         loss_sums, num_updates = {}, 0
@@ -420,25 +452,12 @@ def main() -> None:
             if args.norm_adv:
                 epoch_advantages = normalize_advantages(epoch_advantages, world_size)
             for mb_inds, mb_advantages in zip(b_inds, epoch_advantages, strict=True):
-                with autocast:
-                    loss, mb_stats = loss_fn(
-                        model,
-                        mb_advantages,
-                        mb_obs=b_obs[mb_inds],
-                        mb_actions=b_actions[mb_inds],
-                        mb_logprobs=b_logprobs[mb_inds],
-                        mb_returns=b_returns[mb_inds],
-                        mb_values=b_values[mb_inds],
-                        args=args,
-                    )
-                optimizer.zero_grad(set_to_none=False)
-                loss.backward()
+                mb_stats = backward(mb_inds, mb_advantages, b_returns)
                 if world_size > 1 and args.grad_sync == "flat":
                     sync_start = time.perf_counter()
                     all_reduce_gradients_flat(list(agent.parameters()), world_size)
                     grad_sync_seconds += time.perf_counter() - sync_start
-                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                optimizer.step()
+                step_optimizer()
                 loss_sums = {k: loss_sums.get(k, 0) + v for k, v in mb_stats.items()}
                 num_updates += 1
 
@@ -463,7 +482,7 @@ def main() -> None:
         var_y = m["y2"] / n_batch - (m["y"] / n_batch) ** 2
         var_diff = m["d2"] / n_batch - (m["d"] / n_batch) ** 2
         scalars = {
-            "charts/learning_rate": optimizer.param_groups[0]["lr"],
+            "charts/learning_rate": lr,
             "losses/explained_variance": np.nan if var_y == 0 else 1 - var_diff / var_y,
             "charts/updates_per_iteration": num_updates,
             **{k: v for k, v in m.items() if k.startswith("losses/")},

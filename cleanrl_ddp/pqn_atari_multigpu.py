@@ -26,7 +26,7 @@ import tyro
 from ale_py.vector_env import AtariVectorEnv
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from cleanrl_ddp import atari, evals
+from cleanrl_ddp import atari, evals, graphs
 from cleanrl_ddp import runtime as rt
 
 SCRIPT = os.path.basename(__file__)[: -len(".py")]
@@ -74,6 +74,8 @@ class Args(rt.RunArgs):
     """if toggled, evaluation is greedy; default epsilon --end-e (greedy can stall a game: no FIRE)"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
     """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
+    cudagraphs: bool = False
+    """CUDA: the policy step and the Q(lambda) returns replayed as CUDA graphs (CPU: the same, eagerly)"""
 
 
 def make_env(env_id: str, num_envs: int, num_threads: int = 1, repeat_action_probability: float = 0.0):
@@ -274,18 +276,45 @@ def main() -> None:
     prev_lives = info["lives"]
     episodes = rt.Episodes(n)  # whole games (all lives)
 
-    # ALGO Logic: Storage setup. Frames stay uint8 (the network scales them). Rewards and dones cross to the
-    # device once per rollout (page-locked on CUDA), frames at every step, through a staging buffer of their own.
+    # ALGO Logic: Storage setup, allocated once (the addresses a CUDA graph replays). Frames stay uint8 (the network
+    # scales them). Rewards, dones and the rollout's epsilons cross to the device once per rollout, frames at every
+    # step, from page-locked buffers on CUDA (on the CPU `.to(device)` of a host buffer is the buffer itself).
     obs_shape = envs.single_observation_space.shape
     obs = torch.zeros((args.num_steps, n) + obs_shape, dtype=torch.uint8, device=device)
     actions = torch.zeros((args.num_steps, n), dtype=torch.long, device=device)
     values = torch.zeros((args.num_steps, n), device=device)
     host_rewards = torch.zeros((args.num_steps, n), pin_memory=run.on_cuda)
     host_dones = torch.zeros((args.num_steps + 1, n), pin_memory=run.on_cuda)  # last row: next_done
+    host_epsilons = torch.zeros(args.num_steps, pin_memory=run.on_cuda)
     staging = torch.zeros(frames.shape, dtype=torch.uint8, pin_memory=run.on_cuda)
-    next_obs = rt.to_device(frames, device, staging)
+    next_obs, rewards, all_dones = staging.to(device), host_rewards.to(device), host_dones.to(device)
+    graphs.fill(next_obs, frames, staging)
+    rewards_np, dones_np, epsilons = host_rewards.numpy(), host_dones.numpy(), host_epsilons.to(device)
+    steps = torch.arange(args.num_steps, device=device)
     num_iterations, preempted = sizes.num_iterations, False
     duration = args.exploration_fraction * args.total_timesteps
+
+    def policy_step(step):
+        """Epsilon-greedy on `next_obs`, written into rollout row `step` (a tensor: one graph serves every row)."""
+        # ALGO LOGIC: the draws from the rank's own stream, on the device (the unwrapped network: inference must not
+        # go through DDP); epsilon from the GLOBAL step, the rollout's computed on the host (`epsilons`)
+        random_actions = torch.randint(0, n_actions, (n,), device=device)
+        with torch.no_grad():
+            q_max, max_actions = q_network(next_obs).max(dim=1)
+        explore = torch.rand(n, device=device) < epsilons[step]
+        values[step], actions[step] = q_max, torch.where(explore, random_actions, max_actions)
+
+    def lambda_returns():
+        """Q(lambda) returns of this rank's own envs (the rank that stepped them)."""
+        with torch.no_grad():
+            next_value = q_network(next_obs).max(dim=1).values
+            dones, next_done = all_dones[:-1], all_dones[-1]
+            return q_lambda_returns(rewards, values, dones, next_value, next_done, args.gamma, args.q_lambda)
+
+    # --cudagraphs: each one CUDA graph replay (the update stays eager: its all-reduce sits between its backward and
+    # step at world size > 1, and RAdam's capturable step is another computation than its eager one)
+    policy_step = graphs.graphed(policy_step, args.cudagraphs and run.on_cuda)  # only CUDA captures
+    lambda_returns = graphs.graphed(lambda_returns, args.cudagraphs and run.on_cuda)
     rt.open_run(run, sizes, ckpt)
 
     for iteration in range(start_iteration, num_iterations + 1):
@@ -294,39 +323,33 @@ def main() -> None:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
-        host_dones[0] = host_dones[-1]
+        # ALGO LOGIC: epsilon of each step of the rollout, from the GLOBAL step after it
+        rollout_epsilons = [
+            linear_schedule(args.start_e, args.end_e, duration, global_step + k * sizes.num_envs)
+            for k in range(1, args.num_steps + 1)
+        ]
+        host_epsilons.numpy()[:] = rollout_epsilons
+        epsilons.copy_(host_epsilons, non_blocking=True)
+        dones_np[0] = dones_np[-1]
         for step in range(args.num_steps):
             global_step += sizes.num_envs  # global: all ranks step at once
-            obs[step] = next_obs  # a copy: `staging` is reused below
-
-            # ALGO LOGIC: epsilon from the GLOBAL step; the draws from the rank's own stream, on the device
-            # (the unwrapped network: inference must not go through DDP)
-            epsilon = linear_schedule(args.start_e, args.end_e, duration, global_step)
-            random_actions = torch.randint(0, n_actions, (n,), device=device)
-            with torch.no_grad():
-                values[step], max_actions = q_network(next_obs).max(dim=1)
-            explore = torch.rand(n, device=device) < epsilon
-            actions[step] = action = torch.where(explore, random_actions, max_actions)
+            obs[step] = next_obs  # a copy: `next_obs` is refilled below
+            policy_step(steps[step : step + 1])
 
             # TRY NOT TO MODIFY: execute the game and log data.
-            frames, reward, terminations, truncations, info = envs.step(action.cpu().numpy())
+            frames, reward, terminations, truncations, info = envs.step(actions[step].cpu().numpy())
             # a life loss ends the episode for learning (no bootstrapping through it, as in DeepMind's
             # protocol); only a game over ends the logged episode, whose return is the game's score
-            host_dones[step + 1] = torch.from_numpy(terminations | truncations)
-            host_rewards[step] = torch.from_numpy(atari.clip_reward(reward))
+            dones_np[step + 1] = terminations | truncations
+            rewards_np[step] = atari.clip_reward(reward)
             episodes.step(reward, atari.game_over(terminations, truncations, info["lives"], prev_lives))
             prev_lives = info["lives"]
-            next_obs = rt.to_device(frames, device, staging)
+            graphs.fill(next_obs, frames, staging)
 
-        rewards = host_rewards.to(device, non_blocking=run.on_cuda)
-        all_dones = host_dones.to(device, non_blocking=run.on_cuda)
-        dones, next_done = all_dones[:-1], all_dones[-1]
-
+        rewards.copy_(host_rewards, non_blocking=True)
+        all_dones.copy_(host_dones, non_blocking=True)
         update_start = time.perf_counter()
-        # ALGO LOGIC: Q(lambda) returns of this rank's own envs (the rank that stepped them)
-        with torch.no_grad():
-            next_value = q_network(next_obs).max(dim=1).values
-            returns = q_lambda_returns(rewards, values, dones, next_value, next_done, args.gamma, args.q_lambda)
+        returns = lambda_returns()
 
         # flatten the batch
         b_obs = obs.reshape((-1,) + obs_shape)
@@ -356,7 +379,7 @@ def main() -> None:
         m = rt.all_sum(run, {"losses/td_loss": td_loss / n_all, "losses/q_values": q_values / n_all} | episodes.take())
         scalars = {
             "charts/learning_rate": optimizer.param_groups[0]["lr"],
-            "charts/epsilon": epsilon,
+            "charts/epsilon": rollout_epsilons[-1],
             **{k: v for k, v in m.items() if k.startswith("losses/")},
             # rank 0's wall time, waits for other ranks included
             "perf/rollout_seconds": update_start - rollout_start,

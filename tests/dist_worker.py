@@ -89,10 +89,18 @@ class ScriptSpec:
     compile_timesteps: int = 0
     """--total-timesteps of the 2-rank --compile runs of `unit` (with `tiny`): a few updates of every loss"""
     graphed: tuple = ()
-    """the functions that --cudagraphs captures at 2 ranks with --grad-sync flat (`graphs.graphed`, by name); empty:
-    the script has no --cudagraphs"""
+    """SAC and TD3: the functions that --cudagraphs captures at 2 ranks with --grad-sync flat (`graphs.graphed`, by
+    name; `graphed_run`); empty: not recorded that way"""
     graphed_timesteps: int = 0
     """--total-timesteps of the 2-rank --cudagraphs run of `unit` (with `tiny`): every captured function replayed"""
+    captured: dict = field(default_factory=dict)
+    """the Atari scripts: the functions --cudagraphs captures (tests/graph_capture.py, `captured_runs`), by run: "1"
+    (world size 1), and "ddp" and "flat" where the unit launch also runs it on 2 ranks; empty: not recorded that way"""
+    capture_flags: list = field(default_factory=list)
+    """flags of the --cudagraphs runs (tests/graph_capture.py): every function replays at least once, and a float32
+    learning rate (2**-12, 4 iterations), so that the runs with and without the flag can be compared bitwise"""
+    capture_timesteps: int = 0
+    """--total-timesteps of the world-size-1 --cudagraphs run (twice that on 2 ranks)"""
 
 
 SCRIPTS = {
@@ -118,6 +126,15 @@ SCRIPTS = {
             target_kl=["--update-epochs", "8", "--learning-rate", "0.01", "--target-kl", "0.02"],
             compiled=("ppo_loss",),
             compile_timesteps=64,  # one iteration: 4 minibatch updates
+            captured={
+                "1": ("policy_step", "advantages_and_returns", "backward_and_step"),
+                "flat": ("policy_step", "advantages_and_returns", "minibatch_backward", "clip_and_step"),
+                "ddp": ("policy_step", "advantages_and_returns", "clip_and_step"),  # DDP all-reduces in backward
+            },
+            # 4 iterations of 2 envs x 8 steps per rank, 2 minibatches: GAE replays once, the update 5 times
+            capture_flags=["--local-num-envs", "2", "--num-steps", "8", "--num-minibatches", "2", "--update-epochs"]
+            + ["1", "--learning-rate", "0.000244140625", "--checkpoint-every", "0"],
+            capture_timesteps=4 * 2 * 8,
         ),
         ScriptSpec(
             "ppo_atari_async_multigpu.py",  # the Atari PPO with its rollout in two halves (one env each here)
@@ -130,6 +147,11 @@ SCRIPTS = {
             # only the rollout differs from ppo_atari_multigpu.py: its update, gradient paths, --target-kl and odd
             # world sizes are that script's (same functions), so one whole run, ddp on 2 ranks, covers the rollout
             whole_runs=(("ddp", 2),),
+            # --cudagraphs at world size 1 only: its 2-rank update is ppo_atari_multigpu.py's, checked there
+            captured={"1": ("policy_step(h=0)", "policy_step(h=1)", "advantages_and_returns", "backward_and_step")},
+            capture_flags=["--local-num-envs", "2", "--num-steps", "8", "--num-minibatches", "2", "--update-epochs"]
+            + ["1", "--learning-rate", "0.000244140625", "--checkpoint-every", "0"],
+            capture_timesteps=4 * 2 * 8,
         ),
         ScriptSpec(
             "ppo_continuous_action_multigpu.py",  # unit: HalfCheetah-v5's 17 observations, 6 actions
@@ -157,6 +179,20 @@ SCRIPTS = {
             # the script's Adam eps is 1e-8 (CleanRL's), not PPO's 1e-5: Adam divides by |gradient| + eps, so entries
             # with gradients near fp32 rounding noise move by up to lr either way (measured 1.5e-5 relative)
             update_rtol=1e-4,
+            captured={"1": ("greedy_actions",)},  # --cudagraphs: the greedy actions only
+            capture_flags=[
+                "--local-num-envs",
+                "2",
+                "--buffer-size",
+                "240",
+                "--learning-starts",
+                "32",
+                "--log-every",
+                "16",
+            ]
+            + ["--train-frequency", "4", "--local-batch-size", "8", "--target-network-frequency", "32"]
+            + ["--checkpoint-every", "0"],
+            capture_timesteps=112,  # greedy steps from global step 12 (epsilon at 0.01 after 10% of the run)
         ),
         ScriptSpec(
             "pqn_multigpu.py",  # CartPole: 4 observations, 2 actions
@@ -177,6 +213,10 @@ SCRIPTS = {
             # the update and both gradient paths are checked by the unit launch, and the loop's shape by
             # pqn_multigpu.py's runs (DDP on 2 ranks, flat on 3, and the pinned runs at 1, 2 and 3): one whole run here
             whole_runs=(("ddp", 2),),
+            captured={"1": ("policy_step", "lambda_returns")},  # --cudagraphs: the update stays eager
+            capture_flags=["--local-num-envs", "2", "--num-steps", "8", "--num-minibatches", "2", "--update-epochs"]
+            + ["1", "--checkpoint-every", "0"],
+            capture_timesteps=4 * 2 * 8,
         ),
         ScriptSpec(
             "sac_continuous_action_multigpu.py",  # unit: Hopper-v5's 11 observations, 3 actions
@@ -851,6 +891,35 @@ def graphed_run(script_path: str, flags: list, store, prefix: str) -> dict:
     return rec
 
 
+def captured_runs(outdir: Path, script_path: str, store, rank: int) -> None:
+    """The script's real main() on the 2 ranks of the `unit` launch: eager (DDP), then --cudagraphs under DDP and
+    with --grad-sync flat, each graphed function recorded by tests/graph_capture.py; each run writes its report
+    (`{stem}_captured_{run}_rank{R}.json`) and its checkpoint (`runs-{stem}-captured-{run}/r`)."""
+    import graph_capture
+    import torch.distributed as dist
+
+    spec, stem = SCRIPTS[Path(script_path).name], Path(script_path).stem
+    dist_init = dist.init_process_group
+    for run, grad_sync, graphed in (("eager", "ddp", False), ("ddp", "ddp", True), ("flat", "flat", True)):
+        flags = [*spec.capture_flags, "--seed", 7, "--dist-timeout", 60, "--grad-sync", grad_sync, "--run-name", "r"]
+        flags += ["--total-timesteps", 2 * spec.capture_timesteps, "--runs-dir", outdir / f"runs-{stem}-captured-{run}"]
+
+        def init_process_group(*args, run=run, **kw):  # called by the script's rt.start
+            return dist_init(*args, store=dist.PrefixStore(f"{stem}-captured-{run}/", store), **kw)
+
+        dist.init_process_group = init_process_group
+        try:
+            if graphed:
+                out = graph_capture.graphed_run(script_path, flags)
+            else:
+                out = dict(functions={}, error=graph_capture.run_main(script_path, flags))
+        finally:
+            dist.init_process_group = dist_init
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        (outdir / f"{stem}_captured_{run}_rank{rank}.json").write_text(json.dumps(out, indent=1))
+
+
 def unit(outdir: Path, script_paths: list) -> None:
     import torch.distributed as dist
 
@@ -875,6 +944,9 @@ def unit(outdir: Path, script_paths: list) -> None:
             flags += ["--total-timesteps", spec.graphed_timesteps, "--runs-dir", outdir / f"runs-{stem}-graphed"]
             out = graphed_run(script_path, flags, store, prefix=f"{stem}-graphed/")
             (outdir / f"{stem}_graphed_rank{rank}.json").write_text(json.dumps(out, indent=1))
+
+        if "flat" in spec.captured:  # --cudagraphs: what it would capture, recorded; its runs against eager
+            captured_runs(outdir, script_path, store, rank)
 
 
 # ------------------------------------------------------------------------------------------- observe

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from dist_worker import SCRIPTS
+from graph_capture import differences
 from helpers import REPO, assert_one_line_error, free_port, launch, only_run_dir, read_scalars
 
 from cleanrl_ddp.graphs import WARMUP
@@ -585,6 +586,45 @@ def test_cudagraphs_allocate_nothing_in_capture(graphed):
     _, ranks = graphed
     for r in ranks:
         assert r["allocated"] == [], r["allocated"][:5]
+
+
+# --cudagraphs (docs/correctness.md#--cudagraphs): the real main() on the 2 ranks of the unit launch, eagerly under DDP,
+# then with --cudagraphs under DDP and with --grad-sync flat, each function that a CUDA device would capture recorded
+# by tests/graph_capture.py (`captured_runs` in tests/dist_worker.py); world size 1 is tests/test_cudagraphs_atari.py's.
+CAPTURED = [(s, run) for s, spec in SCRIPTS.items() for run in ("ddp", "flat") if run in spec.captured]
+
+
+@pytest.fixture(params=CAPTURED, ids=[f"{s[:-3]}-{run}" for s, run in CAPTURED])
+def captured(request, unit_dir):
+    """(ScriptSpec, run, each rank's recorded --cudagraphs run, rank 0's checkpoints of the eager and this run)."""
+    script, run = request.param
+    ranks = [json.loads((unit_dir / f"{script[:-3]}_captured_{run}_rank{r}.json").read_text()) for r in (0, 1)]
+    eager = [json.loads((unit_dir / f"{script[:-3]}_captured_eager_rank{r}.json").read_text()) for r in (0, 1)]
+    for r in ranks + eager:
+        assert r["error"] is None, r["error"]
+    runs = unit_dir / f"runs-{script[:-3]}-captured-"
+    ckpts = [torch.load(f"{runs}{name}/r/checkpoint.pt", weights_only=True) for name in ("eager", run)]
+    return SCRIPTS[script], run, ranks, ckpts
+
+
+def test_captured_functions_hold_no_collective_nor_host_read(captured):
+    """What --cudagraphs captures at world size 2: the expected functions (under DDP not the backward, whose hooks
+    all-reduce), each replayed; no collective, host read, tensor made anew between calls or other path in any, the
+    gradients and optimizer state they use made before the capture and kept."""
+    spec, run, ranks, _ = captured
+    for r in ranks:
+        assert sorted(r["functions"]) == sorted(spec.captured[run]), r["functions"]
+        for name, entry in r["functions"].items():
+            assert entry["replays"] >= 1, (name, entry)
+            assert not {k: v for k, v in entry.items() if isinstance(v, list) and v}, (name, entry)
+
+
+def test_captured_runs_equal_eager_at_2_ranks(captured):
+    """The --cudagraphs run's final checkpoint (parameters, optimizer state, every rank's RNG streams) is bitwise the
+    eager run's (a float32 learning rate: tests/dist_worker.py's `capture_flags`)."""
+    _, _, _, (eager, run) = captured
+    assert run["global_step"] == eager["global_step"] > 0
+    assert differences(eager, run) == []
 
 
 # 8. Odd world sizes (the 3-rank runs above) and two nodes

@@ -49,45 +49,49 @@ def test_the_checks_run_on_the_cpu_one_line_each(tmp_path):
     """The real checks, on the CPU: a few iterations of one script, the NCCL guard's one line, a SIGTERM-stopped
     2-rank run resumed on one rank to its exact step, whose checkpoint is then evaluated, the throughput next
     to the ceiling and the profiled split of an iteration; CleanRL's and LeanRL's PPO scripts are skipped, as
-    nothing points at them; SAC's env step timed part by part (benchmark/profile_offpolicy.py), its --cudagraphs runs
-    (eager on the CPU) equal to eager at 1 and 2 ranks and their speed; LeanRL's SAC is skipped likewise."""
-    only = ["script:ppo_multigpu.py", "nccl-guard", "resume", "evaluate", "throughput"]
+    nothing points at them; the Atari PPO's --cudagraphs against eager (on the CPU both eager: the check's runs,
+    resumes and comparisons); SAC's env step timed part by part (benchmark/profile_offpolicy.py), its --cudagraphs
+    runs (eager on the CPU) equal to eager at 1 and 2 ranks and their speed; LeanRL's SAC is skipped likewise."""
+    only = ["script:ppo_multigpu.py", "nccl-guard", "resume", "evaluate", "throughput", "graphs:ppo_atari_multigpu.py"]
     only += [f"{kind}:{gpu_check.SAC}" for kind in ("profile", "graphs", "graphs-speed", "leanrl")]
     proc = check("--device", "cpu", "--full", "--only", *only, "--out", tmp_path)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
     lines = [line for line in proc.stdout.splitlines() if re.match(r"(ok|FAIL|skip) ", line)]
     names = [re.match(r"\w+ +([^:]+):", line).group(1) for line in lines]
-    expected = ["script", "nccl-guard", "resume", "evaluate on cpu", "throughput 2 envs", "profile 2 envs"]
+    expected = ["script", "graphs", "nccl-guard", "resume", "evaluate on cpu", "throughput 2 envs", "profile 2 envs"]
     off_policy = ["profile", "graphs", "graphs-speed", "leanrl"]
     assert names == [*expected, "cleanrl 2 envs", "leanrl 2 envs", *off_policy], output
     assert lines[0].startswith("ok    script:ppo_multigpu.py: world size 1 on cpu, global step 384, exit 0"), output
+    graphs = "graphs:ppo_atari_multigpu.py: --cudagraphs bitwise equal to eager at world size 1 and 2 ranks (DDP, flat)"
+    assert lines[1].startswith(f"ok    {graphs}"), lines[1]
+    assert re.search(r"resumed from global step \d+ with and without it", lines[1]), lines[1]
     assert (
-        lines[1].startswith("ok    nccl-guard: exit 1 with one line: ") and "--backend nccl needs CUDA" in lines[1]
+        lines[2].startswith("ok    nccl-guard: exit 1 with one line: ") and "--backend nccl needs CUDA" in lines[2]
     ), output
-    stopped = int(re.search(r"stopped at global step (\d+) of 960 ", lines[2]).group(1))
-    assert 0 < stopped < 960 and "resumed on 1 rank to exactly 960" in lines[2], lines[2]
-    assert re.match(r"ok    evaluate on cpu: return -?[\d.]+ ± [\d.]+ \(mean ± std over 2 sampled episodes", lines[3])
+    stopped = int(re.search(r"stopped at global step (\d+) of 960 ", lines[3]).group(1))
+    assert 0 < stopped < 960 and "resumed on 1 rank to exactly 960" in lines[3], lines[3]
+    assert re.match(r"ok    evaluate on cpu: return -?[\d.]+ ± [\d.]+ \(mean ± std over 2 sampled episodes", lines[4])
     throughput = r"[\d,]+ SPS = \d+% of the env-only ceiling [\d,]+ of this call; the update \d+% of the time"
-    assert re.search(throughput, lines[4]), lines[4]
-    parts = re.findall(r"(env step|policy step|host<->device copies|bookkeeping|update|other) \d+ ms", lines[5])
-    assert len(parts) == 6 and "one iteration of ppo_atari_multigpu.py alone" in lines[5], lines[5]
-    assert lines[6].startswith("skip  cleanrl 2 envs: no --cleanrl-script")
-    assert lines[7].startswith("skip  leanrl 2 envs: no --leanrl-script")
-    parts = re.findall(rf"({'|'.join(map(re.escape, PART_NAMES.values()))}) [\d.]+ ms \(", lines[8])
-    assert parts == list(PART_NAMES.values()), lines[8]
-    assert "one env step of sac_continuous_action_multigpu.py on Pendulum-v1" in lines[8], lines[8]
+    assert re.search(throughput, lines[5]), lines[5]
+    parts = re.findall(r"(env step|policy step|host<->device copies|bookkeeping|update|other) \d+ ms", lines[6])
+    assert len(parts) == 6 and "one iteration of ppo_atari_multigpu.py alone" in lines[6], lines[6]
+    assert lines[7].startswith("skip  cleanrl 2 envs: no --cleanrl-script")
+    assert lines[8].startswith("skip  leanrl 2 envs: no --leanrl-script")
+    parts = re.findall(rf"({'|'.join(map(re.escape, PART_NAMES.values()))}) [\d.]+ ms \(", lines[9])
+    assert parts == list(PART_NAMES.values()), lines[9]
+    assert "one env step of sac_continuous_action_multigpu.py on Pendulum-v1" in lines[9], lines[9]
     equal = (
         r"--cudagraphs equals eager after 16 updates at world size 1, 8 at 2 ranks sharing the device \(gloo, flat, "
     )
     equal += (
         r"replicas compared every iteration\): 1 rank\(s\): 98 tensors equal bitwise; 2 rank\(s\): 98 tensors equal"
     )
-    assert re.search(equal, lines[9]), lines[9]
+    assert re.search(equal, lines[10]), lines[10]
     speeds = r"Pendulum-v1, world size 1, steady SPS once updates run: [\d,]+ SPS eager \(\d+ s\), [\d,]+ SPS "
-    assert re.search(speeds + r"--cudagraphs \(\d+ s\) = [\d.]+x; all at 80", lines[10]), lines[10]
-    assert lines[11].startswith(f"skip  leanrl:{gpu_check.SAC}: no --leanrl-sac-script")
-    assert re.match(r"gpu_check: 9 ok, 0 FAIL, 3 skipped in [\d.]+ min", proc.stdout.splitlines()[-1]), output
+    assert re.search(speeds + r"--cudagraphs \(\d+ s\) = [\d.]+x; all at 80", lines[11]), lines[11]
+    assert lines[12].startswith(f"skip  leanrl:{gpu_check.SAC}: no --leanrl-sac-script")
+    assert re.match(r"gpu_check: 10 ok, 0 FAIL, 3 skipped in [\d.]+ min", proc.stdout.splitlines()[-1]), output
     assert all(re.search(r" \[\d+ s\]$", line) for line in lines), lines  # each check's seconds
     assert (tmp_path / "logs" / "resume.log").read_text().startswith("$ ")
     summary = (tmp_path / "summary.txt").read_text().splitlines()

@@ -47,9 +47,12 @@ CONFIGS = {  # script: (local envs, flags); each runs 4 logged steps or more aft
 # continuous script's normalisation statistics). DQN, SAC and TD3: the actions (greedy Q-values for DQN) to the envs
 # per env step, nothing per update (samples drawn on the device, or copied from pinned staging; losses summed on the
 # device), and per logged step the metrics' one read, their copies in rt.all_sum and the preemption vote (main at
-# fbecd7e: DQN 2/5/7, SAC 5/15/8, TD3 2/5/8). SAC and TD3 run with --cudagraphs (eager on the CPU): the functions a
-# GPU captures (each update, the action choice) may not wait at all, their optimizers' steps included.
-GRAPHED = ("sac_continuous_action_multigpu.py", "td3_continuous_action_multigpu.py")
+# fbecd7e: DQN 2/5/7, SAC 5/15/8, TD3 2/5/8). The functions a GPU captures with --cudagraphs (`graphs.graphed`, eager
+# on the CPU, the same with and without the flag: SAC and TD3 run with it) may not wait at all, their optimizers'
+# steps included: each update and the action choice of SAC and TD3, the Atari scripts' policy steps (and the PPO's
+# GAE and minibatch update, PQN's Q(lambda) returns).
+GRAPHED = ("sac_continuous_action_multigpu.py", "td3_continuous_action_multigpu.py", "ppo_atari_multigpu.py")
+GRAPHED += ("ppo_atari_async_multigpu.py", "pqn_atari_multigpu.py", "dqn_atari_multigpu.py")
 BUDGETS = {
     "ppo_multigpu.py": (1, 0, 6),
     "ppo_atari_multigpu.py": (1, 0, 6),
