@@ -408,7 +408,9 @@ def test_sigterm_then_resume_finishes_and_equals_the_uninterrupted_run(tmp_path,
     streams and envs (and the continuous script's statistics). Restoring only the weights fails this.
     The same checkpoint also resumes on one rank (on 4 for ppo_multigpu) with its global batch and schedules.
     (W&B continuing the same run on resume: tests/test_runtime.py.)"""
-    iterations = 60 if script in (SAC, TD3) else 40  # off-policy: room for updates after the resume's refill
+    # room for the signal to land mid-run, after the first checkpoint (iteration 2); off-policy: for updates after the
+    # resume's refill; the Atari scripts' iterations are long enough (a CNN update each) for 20 to leave that room
+    iterations = {SAC: 60, TD3: 60, ATARI: 20, ASYNC: 20, PQN_ATARI: 20}.get(script, 40)
     steps_per_iter = 2 * script.local_steps
     if script in EXACT:
         whole = launch(script.name, script.args(iterations, tmp_path / "whole", "--checkpoint-every", 0), nproc=2)
