@@ -1,5 +1,5 @@
 """CUDA graphs for the scripts' `--cudagraphs` (issues 41 and 42): a function replayed as one CUDA graph instead of
-dozens of kernel launches, each waiting on the host. docs/correctness.md#--cudagraphs says what is captured and
+dozens of kernel launches, each waiting on the host. docs/correctness.md (`--cudagraphs`) says what is captured and
 how the CPU tests prove it safe to capture.
 
 A script calls it in one line where the thing happens. The Atari scripts (issue 41):

@@ -1,4 +1,4 @@
-"""--cudagraphs on the CPU (docs/correctness.md#--cudagraphs): cleanrl_ddp/graphs.py's pieces, and each script's real
+"""--cudagraphs on the CPU (docs/correctness.md, `--cudagraphs`): cleanrl_ddp/graphs.py's pieces, and each script's real
 main() at world size 1 with every function it would capture recorded by tests/graph_capture.py (no host read, no
 collective, no tensor made anew between calls, nothing the graph needs made inside the capture or moved after it),
 its final checkpoint bitwise the eager run's. The 2-rank runs are in the unit launch of

@@ -588,7 +588,7 @@ def test_cudagraphs_allocate_nothing_in_capture(graphed):
         assert r["allocated"] == [], r["allocated"][:5]
 
 
-# --cudagraphs (docs/correctness.md#--cudagraphs): the real main() on the 2 ranks of the unit launch, eagerly under DDP,
+# --cudagraphs (docs/correctness.md): the real main() on the 2 ranks of the unit launch, eagerly under DDP,
 # then with --cudagraphs under DDP and with --grad-sync flat, each function that a CUDA device would capture recorded
 # by tests/graph_capture.py (`captured_runs` in tests/dist_worker.py); world size 1 is tests/test_cudagraphs_atari.py's.
 CAPTURED = [(s, run) for s, spec in SCRIPTS.items() for run in ("ddp", "flat") if run in spec.captured]
