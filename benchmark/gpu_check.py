@@ -144,30 +144,31 @@ class Budget:
 
 # ---------------------------------------------------------------------------------------- the quick profile's budget
 # The quick profile fits 6 minutes on one H200 (issue 41). ESTIMATES holds each check's seconds there (by name, else
-# by kind), from the H200's quick profile of 2026-11-26 (main 55bffaa) and, for checks that have not run on a GPU yet,
-# the estimates of the branches that add them; docs/benchmarks.md has the table with the source of each.
+# by kind), from the H200's quick profiles of 2026-11-26 (main 55bffaa, then eb68634 with every row of issues 41 and
+# 42: its seconds where they differ); docs/benchmarks.md has the table with the source of each.
 # `--budget` (360 s for the quick profile on CUDA) starts a check only if its estimate ends within the budget; a
 # check that would not is a `skip` line saying so. Each time limit is a few times its estimate, so a hang costs
 # minutes.
 ESTIMATES = {
-    "script": 26,  # 20-26 s each, 9 at once
-    "graphs": 40,  # a few iterations with CUDA graphs and eager, compared (issue 41's estimate)
+    "script": 26,  # 20-26 s each, 9 at once (9 s alone; 61-91 s beside 4 graphs: checks at 16 threads a process)
+    "graphs": 63,  # SAC's and TD3's 4 runs at once: 62-63 s
+    f"graphs:{ATARI}": 100,  # 6 runs at once, then 2 resumes: 146 s beside 12 checks at 16 threads a process
     "gloo": 40,  # 31 s (Atari PPO) and 39 s (SAC), beside the other checks of the step
     "flat": 40,  # 37 and 40 s
-    "compile": 60,  # the compiled 2-rank Atari PPO: 60 s
+    "compile": 74,  # the compiled 2-rank Atari PPO: 60 s, 74 s beside 10 checks at 16 threads a process
     "nccl-1": 17,
     "sync-debug": 25,
-    "resume": 60,  # 69 s with 60 iterations, 24 now (the signal lands at iteration 2)
-    "evaluate": 25,  # 11 s on cuda + 49 s on the CPU with 16 threads beside 8 checks; one thread now
-    "throughput": 170,  # 138 s alone (14 iterations, 1,000 ceiling steps, CleanRL 14 iterations); shorter now, + LeanRL
-    f"graphs-speed:{ATARI}": 60,  # eager and CUDA graphs at 8 envs (issue 41's estimate)
-    f"graphs-speed:{SAC}": 130,  # HalfCheetah-v5: eager, --cudagraphs, --cudagraphs --compile (issue 42's estimate)
-    f"graphs-speed:{TD3}": 100,
-    "profile": 50,  # one off-policy env step timed part by part, eager and --cudagraphs (issue 42's estimate)
+    "resume": 76,  # 76 s beside 10 checks at 16 threads a process (69 s with 60 iterations, 24 now)
+    "evaluate": 25,  # 13 s on cuda + 5 s on the CPU (one thread)
+    "throughput": 195,  # 35 s (8 envs) + 35 (profile) + 23 (CleanRL) + 53 (LeanRL) + 49 (64 envs)
+    f"graphs-speed:{ATARI}": 33,  # eager and CUDA graphs at 8 envs
+    f"graphs-speed:{SAC}": 64,  # HalfCheetah-v5: eager, --cudagraphs, --cudagraphs --compile
+    f"graphs-speed:{TD3}": 49,
+    "profile": 28,  # one off-policy env step timed part by part, eager and --cudagraphs: 16 + 12 s (TD3 12 + 11)
     f"leanrl:{SAC}": 90,  # LeanRL's SAC and TD3, --compile --cudagraphs (issue 42's estimate)
     f"leanrl:{TD3}": 90,
-    "env-sweep:8": 15,  # 8 settings of 4,000 agent steps at 3,000-6,000 steps/s, and a process start
-    "env-sweep:64": 35,  # 10 settings of 4,000 steps at 64 envs, each with 64 envs to build
+    "env-sweep:8": 26,  # 8 settings of 4,000 agent steps at 3,000-6,000 steps/s, and a process start
+    "env-sweep:64": 180,  # 10 settings at 64 envs, each with 64 envs to build: unfinished after 130 s
     f"compile-speed:{ATARI}": 56,
     f"compile-speed:{SAC}": 85,
     "nccl-guard": 8,
@@ -198,7 +199,7 @@ GPU_BUDGET = Budget(
     },
     timeouts={"script": 90, "gloo": 90, "flat": 90, "compile": 240, "compile-flat": 240, "compile-speed": 240}
     | {"nccl-1": 60, "sync-debug": 120, "nccl-guard": 60, "resume": 120, "evaluate": 90, "throughput": 180}
-    | {"cleanrl": 180, "leanrl": 300, "env-sweep": 180, "profile": 120, "graphs-speed": 240}
+    | {"cleanrl": 180, "leanrl": 300, "env-sweep": 360, "profile": 120, "graphs-speed": 240}
     | {"graphs": 240},  # the Atari scripts' graphs: 6 processes at once, then 2 resumes
     cleanrl_iterations=8,
     leanrl_iterations=20,
@@ -271,7 +272,9 @@ def quick_profile() -> list[list[str]]:
     checks: they may share the GPU), a speed measurement has the machine alone (a step of its own)."""
     return known(
         [
-            [f"script:{s}" for s in [ATARI, *[s for s in scripts() if s != ATARI]]] + [f"graphs:{s}" for s in GRAPHS],
+            # graphs: of the Atari PPO (at 1 and 2 ranks); the three other Atari scripts' in --full (each was bitwise
+            # equal to eager on the H200, 2026-11-26: docs/benchmarks.md)
+            [f"script:{s}" for s in [ATARI, *[s for s in scripts() if s != ATARI]]] + [f"graphs:{ATARI}"],
             [f"gloo:{ATARI}", f"flat:{ATARI}", f"gloo:{SAC}", f"flat:{SAC}", "nccl-1", f"sync-debug:{ATARI}"]
             + [f"compile:{ATARI}", "resume", "evaluate", f"graphs:{SAC}", f"graphs:{TD3}"],
             ["throughput"],
@@ -1213,6 +1216,14 @@ def within_budget(c: Check, step: list[str], budget: float, elapsed: float) -> l
     return fits
 
 
+def step_env(env: dict, step: list[str]) -> dict:
+    """The environment of a step's commands: the checks of a step run at once, a few processes each, so each
+    process has one thread (OMP_NUM_THREADS=1: the scripts' own thread rule gives each all the cores; on the H200,
+    2026-11-26, 16 threads in each of some 30 processes on 16 cores held three scripts past their 90 s limit, 9 s
+    each alone); a check alone in its step (a speed measurement) has the machine and the scripts' own rule."""
+    return {**env, "OMP_NUM_THREADS": "1"} if len(step) > 1 else env
+
+
 def machine(device: str) -> str:
     import torch
 
@@ -1322,10 +1333,12 @@ def main(argv=None) -> int:
         print(f"{line}; unfinished: {unfinished}", flush=True)
         os._exit(128 + signum)  # the threads wait on processes that are gone: nothing of theirs is left to report
 
+    base_env = c.env
     handlers = {signum: signal.signal(signum, stop) for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     with ThreadPoolExecutor(max_workers=max(map(len, steps))) as pool:
         for step in steps:
             step = within_budget(c, step, seconds, time.monotonic() - start)
+            c.env = step_env(base_env, step)
             running.update({pool.submit(run_check, c, name): name for name in step})
             while running:
                 done, _ = wait(list(running), timeout=0.5, return_when=FIRST_COMPLETED)

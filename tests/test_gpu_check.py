@@ -159,6 +159,8 @@ def test_killed_it_keeps_the_finished_checks_and_leaves_no_process(tmp_path):
     hung_pids = ready_pids(ready, 4, proc)  # 2 launchers and their 2 ranks
     try:
         assert set(hung_pids) <= set(gpu_check.marked(str(out.resolve()))), "not every hung process is marked"
+        for pid in hung_pids:  # two checks at once: one thread per process (gpu_check.step_env)
+            assert b"\0OMP_NUM_THREADS=1\0" in b"\0" + Path(f"/proc/{pid}/environ").read_bytes(), pid
         proc.send_signal(signal.SIGTERM)
         output = proc.communicate(timeout=60)[0]
         assert proc.returncode == 128 + signal.SIGTERM, output
@@ -260,7 +262,8 @@ def test_the_quick_profile_has_estimates_and_lists_only_known_checks(monkeypatch
     for kind in ("graphs", "graphs-speed", "profile"):
         monkeypatch.setitem(gpu_check.CHECKS, kind, print)
     quick = gpu_check.quick_profile()
-    assert quick[0][-4:] == [f"graphs:{s}" for s in gpu_check.GRAPHS], quick[0]
+    assert quick[0][-1] == f"graphs:{gpu_check.ATARI}", quick[0]
+    assert {f"graphs:{s}" for s in gpu_check.GRAPHS} <= {name for step in gpu_check.full_profile() for name in step}
     assert quick[2:5] == [["throughput"], [f"graphs-speed:{gpu_check.ATARI}"], ["env-sweep:8"]], quick
     est = gpu_check.ESTIMATES
     unknown = [name for step in quick for name in step if est.get(name, est.get(name.split(":")[0])) is None]
