@@ -30,7 +30,8 @@ locked() { for name in "$@"; do grep -E "^$name==[^ ;]+$" requirements/lock.txt 
 download .whl $(locked gymnasium ale-py farama-notifications tyro docstring-parser typeguard \
     mujoco mujoco-core mujoco-studio glfw pyopengl websockets tensordict pyvers) dm-env==1.6 dm-tree==0.1.10 optree==0.20.0
 download "$tmp" envpool==1.2.7
-python3 - "$tmp"/envpool-1.2.7-*.whl .whl/ale_py-0.12.1-*.whl <<'EOF'
+ale=$(locked ale-py)
+python3 - "$tmp"/envpool-1.2.7-*.whl .whl/ale_py-"${ale#ale-py==}"-*.whl <<'EOF'
 """EnvPool's wheel with its Atari env alone (a valid wheel: RECORD rewritten), and the Breakout ROM beside it."""
 import base64, hashlib, sys, zipfile
 from pathlib import Path

@@ -13,13 +13,14 @@ and is fast on a GPU, the most important answers first. Its steps run one after 
 run at the same time (they check correctness, not speed), and a speed measurement always has the machine alone:
 1. `script:<name>`: every `cleanrl_ddp/*_multigpu.py` at world size 1 for a few iterations (`FEW_ITERATIONS`);
    exit 0, its start line names the device, and its final checkpoint is at the requested global step; with them
-   `graphs:` for the Atari scripts (`GRAPHS`, issue 41's branch): CUDA graphs against eager;
+   `graphs:` for the Atari PPO (the other Atari scripts' in `--full`): CUDA graphs against eager;
 2. `gloo:`/`flat:` for the Atari PPO and SAC (2 ranks sharing the GPU through gloo, DDP and `--grad-sync flat`,
    replicas compared every iteration), `nccl-1` (an NCCL process group at world size 1: the collectives the
    scripts make), `sync-debug:` for the Atari PPO (its synchronizing CUDA operations, counted), `compile:` for the
    Atari PPO (2 ranks, DDP, `--compile`: CUDA graphs; torch's log of a graph run without CUDA graphs fails a
    compiled check), `resume` (a 2-rank run stopped by SIGTERM, resumed at world
-   size 1 to its exact step) and `evaluate` (a checkpoint trained on the device, on the device and on the CPU);
+   size 1 to its exact step), `evaluate` (a checkpoint trained on the device, on the device and on the CPU) and
+   `graphs:` for SAC and TD3; the processes of a step's checks run with one thread each;
 3. `throughput`: the Atari PPO's steady SPS at 8 and 64 envs next to the env-only ceiling of the same command
    (benchmark/throughput.py), with the update's share of the time; at 8 envs, where one iteration's time goes
    (benchmark/profile_rollout.py), CleanRL's own script (`--cleanrl-script`) and LeanRL's (`--leanrl-script`);
@@ -118,7 +119,6 @@ COMPILED = ("ppo_atari_multigpu.py", "sac_continuous_action_multigpu.py", "td3_c
 PER_SCRIPT = ("script", "gloo", "flat", "compile", "compile-flat", "compile-speed", "sync-debug", "profile", "graphs")
 PER_SCRIPT += ("graphs-speed", "leanrl")
 SINGLE = ("nccl-1", "nccl-guard", "resume", "evaluate", "throughput")
-# checks of issue 41 and 42 (their own branches): the quick profile lists those that CHECKS holds, in this order
 GRAPHS = (ATARI, "ppo_atari_async_multigpu.py", "pqn_atari_multigpu.py", "dqn_atari_multigpu.py")  # `graphs:`
 
 
@@ -261,29 +261,21 @@ def scripts() -> list[str]:
     return sorted(p.name for p in (REPO / "cleanrl_ddp").glob("*_multigpu.py"))
 
 
-def known(steps: list[list[str]]) -> list[list[str]]:
-    """`steps` without the checks whose kind CHECKS does not hold (yet), and without the steps left empty."""
-    steps = [[name for name in step if name.partition(":")[0] in CHECKS] for step in steps]
-    return [step for step in steps if step]
-
-
 def quick_profile() -> list[list[str]]:
     """The steps of the quick profile, most important first; the checks of a step run at the same time (correctness
     checks: they may share the GPU), a speed measurement has the machine alone (a step of its own)."""
-    return known(
-        [
-            # graphs: of the Atari PPO (at 1 and 2 ranks); the three other Atari scripts' in --full (each was bitwise
-            # equal to eager on the H200, 2026-11-26: docs/benchmarks.md)
-            [f"script:{s}" for s in [ATARI, *[s for s in scripts() if s != ATARI]]] + [f"graphs:{ATARI}"],
-            [f"gloo:{ATARI}", f"flat:{ATARI}", f"gloo:{SAC}", f"flat:{SAC}", "nccl-1", f"sync-debug:{ATARI}"]
-            + [f"compile:{ATARI}", "resume", "evaluate", f"graphs:{SAC}", f"graphs:{TD3}"],
-            ["throughput"],
-            [f"graphs-speed:{ATARI}"],
-            ["env-sweep:8"],
-            *([f"graphs-speed:{s}"] for s in OFF_POLICY),
-            *([f"profile:{s}"] for s in OFF_POLICY),
-        ]
-    )
+    return [
+        # graphs: of the Atari PPO (at 1 and 2 ranks); the three other Atari scripts' in --full (each was bitwise
+        # equal to eager on the H200, 2026-11-26: docs/benchmarks.md)
+        [f"script:{s}" for s in [ATARI, *[s for s in scripts() if s != ATARI]]] + [f"graphs:{ATARI}"],
+        [f"gloo:{ATARI}", f"flat:{ATARI}", f"gloo:{SAC}", f"flat:{SAC}", "nccl-1", f"sync-debug:{ATARI}"]
+        + [f"compile:{ATARI}", "resume", "evaluate", f"graphs:{SAC}", f"graphs:{TD3}"],
+        ["throughput"],
+        [f"graphs-speed:{ATARI}"],
+        ["env-sweep:8"],
+        *([f"graphs-speed:{s}"] for s in OFF_POLICY),
+        *([f"profile:{s}"] for s in OFF_POLICY),
+    ]
 
 
 def full_profile() -> list[list[str]]:
@@ -296,7 +288,7 @@ def full_profile() -> list[list[str]]:
     names += [f"graphs-speed:{ATARI}"]
     names += [f"{kind}:{s}" for kind in ("profile", "graphs", "graphs-speed", "leanrl") for s in OFF_POLICY]
     names += [f"env-sweep:{n}" for n in GPU_BUDGET.throughput_envs]
-    return known([[name] for name in names])
+    return [[name] for name in names]
 
 
 @dataclass
@@ -755,8 +747,11 @@ def check_graphs_offpolicy(c: Check, script: str) -> Result:
             return c.failed(name, proc.result[0], proc.result[1], f"{log_name} exited {proc.result[0]}", log_name)
     for ws in (1, 2):
         eager, graphed = (load_learned(c.runs / procs[(ws, g)][1]) for g in (False, True))
+        if not eager or set(graphed) != set(eager):
+            what = f"at {ws} rank(s) the checkpoints hold {sorted(graphed)} with --cudagraphs, {sorted(eager)} eager"
+            return c.failed(name, 0, procs[(ws, True)][2].result[1], what, procs[(ws, True)][0])
         worst, where = max((relative_difference(graphed[k], eager[k]), k) for k in eager)
-        if set(graphed) != set(eager) or worst > EQUAL_RTOL:
+        if worst > EQUAL_RTOL:
             what = f"at {ws} rank(s) --cudagraphs differs from eager: {where} by {worst:.2e} (> {EQUAL_RTOL:.0e})"
             return c.failed(name, 0, procs[(ws, True)][2].result[1], what, procs[(ws, True)][0])
         how = "bitwise" if worst == 0 else f"to {worst:.1e} relative (not bitwise)"

@@ -98,6 +98,19 @@ def optimizer(cls, params, lr: float, enabled: bool, device: torch.device, **kwa
     return opt
 
 
+def keep_capturable(*optimizers: torch.optim.Optimizer) -> None:
+    """Each optimizer, made `capturable=True` (SAC's and TD3's: a CUDA graph may hold its step), stays so when a
+    checkpoint is loaded into it: torch takes a loaded param group's hyperparameters, and checkpoints saved before
+    issue 42 say `capturable=False`, with which a captured step raises. The math is the same either way."""
+
+    def loaded(opt):
+        for group in opt.param_groups:
+            group["capturable"] = True
+
+    for opt in optimizers:
+        opt.register_load_state_dict_post_hook(loaded)
+
+
 def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
     """Every param group's learning rate: written into the tensor a captured step reads (`optimizer`), else set."""
     for group in opt.param_groups:

@@ -90,7 +90,7 @@ class Args(rt.RunArgs):
     grad_sync: Literal["ddp", "flat"] = "ddp"
     """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
     compile: bool = False
-    """if toggled, `torch.compile` the minibatch loss and its backward (CUDA: with CUDA graphs, mode reduce-overhead)"""
+    """if toggled, `torch.compile` the minibatch loss and its backward (CUDA: reduce-overhead, or in --cudagraphs)"""
     cudagraphs: bool = False
     """CUDA: the policy step, GAE and the minibatch update each replayed as a CUDA graph (CPU: the same, eagerly)"""
 
@@ -341,7 +341,8 @@ def main() -> None:
     for p in agent.parameters():
         p.grad = torch.zeros_like(p)
     model = DDP(agent) if world_size > 1 and args.grad_sync == "ddp" else agent
-    # --compile: ppo_loss and, through AOTAutograd, its backward; the all-reduce, clipping and step stay eager
+    # --compile: ppo_loss and, through AOTAutograd, its backward; the all-reduce stays eager (clip and step too,
+    # without --cudagraphs)
     mode = "reduce-overhead" if run.on_cuda and not args.cudagraphs else None  # --cudagraphs captures it itself
     loss_fn = torch.compile(ppo_loss, mode=mode) if args.compile else ppo_loss
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.precision == "bf16" else nullcontext()

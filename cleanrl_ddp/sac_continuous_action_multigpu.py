@@ -77,7 +77,7 @@ class Args(rt.RunArgs):
     grad_sync: Literal["ddp", "flat"] = "ddp"
     """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
     compile: bool = False
-    """if toggled, `torch.compile` the three losses and their backward (CUDA: with CUDA graphs, mode reduce-overhead)"""
+    """if toggled, `torch.compile` the three losses and their backward (CUDA: reduce-overhead, or in --cudagraphs)"""
     cudagraphs: bool = False
     """if toggled, each update and the action choice are CUDA graphs (CUDA only; 2+ ranks: with --grad-sync flat)"""
 
@@ -217,7 +217,7 @@ def critic_loss(qf_model, qf_target, actor, obs, actions, rewards, next_obs, ter
 
 def policy_loss(actor_model, qf, obs, alpha):
     """The actor's loss on one local batch; `actor_model` is the DDP-wrapped actor (or the plain one), `qf`
-    the unwrapped critics, frozen by the caller (`actor_update`)."""
+    the unwrapped critics, frozen by the caller (`actor_stages`)."""
     pi, log_pi, _ = actor_model(obs)
     qf1_pi, qf2_pi = qf(obs, pi)
     return ((alpha * log_pi.view(-1)) - torch.min(qf1_pi, qf2_pi)).mean()
@@ -364,6 +364,7 @@ def main() -> None:
     target_entropy = -float(action_dim)
     log_alpha = torch.zeros(1, requires_grad=True, device=device)
     a_optimizer = optim.Adam([log_alpha], lr=args.q_lr, fused=True, capturable=True)
+    graphs.keep_capturable(q_optimizer, actor_optimizer, a_optimizer)  # also after loading an older checkpoint
     rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
     # every learned quantity by its checkpoint key: all must stay identical on every rank
     learned = dict(actor=actor, qf=qf, qf_target=qf_target, actor_optimizer=actor_optimizer)

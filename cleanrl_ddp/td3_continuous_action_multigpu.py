@@ -75,7 +75,7 @@ class Args(rt.RunArgs):
     grad_sync: Literal["ddp", "flat"] = "ddp"
     """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
     compile: bool = False
-    """if toggled, `torch.compile` the two losses and their backward (CUDA: with CUDA graphs, mode reduce-overhead)"""
+    """if toggled, `torch.compile` the two losses and their backward (CUDA: reduce-overhead, or in --cudagraphs)"""
     cudagraphs: bool = False
     """if toggled, each update and the action choice are CUDA graphs (CUDA only; 2+ ranks: with --grad-sync flat)"""
 
@@ -326,6 +326,7 @@ def main() -> None:
     # fused: one kernel per step for all parameters; capturable: a CUDA graph may hold the step (the same math)
     q_optimizer = optim.Adam(qf.parameters(), lr=args.learning_rate, fused=True, capturable=True)
     actor_optimizer = optim.Adam(actor.parameters(), lr=args.learning_rate, fused=True, capturable=True)
+    graphs.keep_capturable(q_optimizer, actor_optimizer)  # also after loading an older checkpoint
     rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
     # every learned quantity by its checkpoint key: all must stay identical on every rank
     learned = dict(actor=actor, target_actor=target_actor, qf=qf, qf_target=qf_target)

@@ -65,7 +65,10 @@ def test_update_step_runs_backward_and_step_once_each_in_order(world_size):
     backward, step = lambda x: calls.append(("backward", x)) or "stats", lambda: calls.append("step")
     first, second = graphs.update_step(backward, step, False, world_size == 1, world_size)
     assert first(5) == "stats"
+    # world size 1: one function (one graph) for both; else backward, then the step after the all-reduce
+    assert calls == ([("backward", 5), "step"] if world_size == 1 else [("backward", 5)])
     second()
+    # world size 1: `second` does nothing
     assert calls == [("backward", 5), "step"]
 
 

@@ -76,3 +76,17 @@ def test_target_update_is_one_foreach_lerp_equal_to_the_per_parameter_one(script
         script.soft_update(nets, targets, 0.005)
     assert mode.ops == ["aten._foreach_lerp_.Scalar"]
     assert all(torch.equal(p, e) for p, e in zip((p for t in targets for p in t.parameters()), expected, strict=True))
+
+
+def test_an_older_checkpoint_leaves_the_optimizers_capturable():
+    """SAC's and TD3's Adam (fused, capturable) loads a checkpoint saved before issue 42 (not capturable) and stays
+    capturable, as a captured step needs, with the saved state (the step count) restored."""
+    param = torch.nn.Parameter(torch.ones(3))
+    old = torch.optim.Adam([param], lr=1e-3, fused=True)
+    param.grad = torch.ones(3)
+    old.step()
+    opt = torch.optim.Adam([param], lr=1e-3, fused=True, capturable=True)
+    graphs.keep_capturable(opt)
+    opt.load_state_dict(old.state_dict())
+    assert opt.param_groups[0]["capturable"] is True
+    assert opt.state[param]["step"].item() == 1
