@@ -1,11 +1,11 @@
-"""Settings of the test session. The suite runs on two pytest-xdist workers (pyproject.toml's addopts), each
+"""Settings of the test session. The suite runs on three pytest-xdist workers (pyproject.toml's addopts), each
 launching scripts that use every core, so the cores are oversubscribed: OpenMP's idle threads then sleep instead of
 spinning (OMP_WAIT_POLICY=PASSIVE), leaving the cores to the other worker's processes. It changes no result, only
 how idle threads wait; every process a test starts inherits it.
 
 The workers take whole files (`--dist loadfile`), each the next file in collection order when it runs low: the
-longest files come first (FIRST), so that the last ones are short and the two workers end together. SLURM's tests
-come first of all: they mostly wait on SLURM's clocks, while the other worker's 2-rank launches use both cores."""
+longest files come first (FIRST), so that the last ones are short and the workers end together. SLURM's tests
+come first of all: they mostly wait on SLURM's clocks, while the two other workers keep the cores busy."""
 
 import os
 
