@@ -11,16 +11,24 @@ import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-# longest first: by their CPU time and slowest tests in .ci/run on the 2-core machine (2026-11-26); SLURM by wall time
+# longest first: by each file's seconds in .ci/run on the 2-core machine (2026-11-26, three workers), SLURM's first
 FIRST = (
-    "test_slurm.py",
-    "test_fault_tolerance.py",
-    "test_distributed_correctness.py",
-    "test_gpu_check.py",
-    "test_evaluation.py",
-    "test_sac_continuous_action_multigpu.py",
-    "test_td3_continuous_action_multigpu.py",
-    "test_ppo_continuous_action_multigpu.py",
+    "test_slurm.py",  # 134 s, mostly waiting
+    "test_fault_tolerance.py",  # 502
+    "test_distributed_correctness.py",  # 470
+    "test_evaluation.py",  # 170
+    "test_gpu_check.py",  # 106
+    "test_sac_continuous_action_multigpu.py",  # 101
+    "test_td3_continuous_action_multigpu.py",  # 88
+    "test_ppo_multigpu.py",  # 79
+    "test_ppo_continuous_action_multigpu.py",  # 75
+    "test_host_syncs.py",  # 63
+    "test_dqn_atari_multigpu.py",  # 57
+    "test_benchmark_throughput.py",  # 55
+    "test_benchmark_harness.py",  # 43
+    "test_ppo_atari_multigpu.py",  # 32
+    "test_repo.py",  # 30
+    "test_cudagraphs_atari.py",  # 24
 )
 
 
