@@ -4,8 +4,8 @@ seconds), each written to OUT/summary.txt the moment the check ends.
     python -m benchmark.gpu_check --out /tmp/gpu     # the quick profile: within --budget (360 s) on one H200
     python -m benchmark.gpu_check --full --out DIR    # every check (about 20-30 minutes)
     python -m benchmark.gpu_check --full --only resume evaluate --out DIR               # some checks again
-    python -m benchmark.gpu_check --cleanrl-script benchmark/cleanrl_ppo_atari_multigpu.py \
-        --leanrl-script benchmark/leanrl_ppo_atari.py   # + CleanRL's and LeanRL's (benchmark/device_wheels.sh)
+    python -m benchmark.gpu_check --cleanrl-script benchmark/peers/cleanrl_ppo_atari_multigpu.py \
+        --leanrl-script benchmark/peers/leanrl_ppo_atari.py   # + CleanRL's and LeanRL's (benchmark/device_wheels.sh)
     python -m benchmark.gpu_check --device cpu --out DIR   # the same checks on the CPU at tiny sizes (its CPU test)
 
 The quick profile (the default) answers, in one command that fits a short GPU lease, whether every script works
@@ -308,8 +308,8 @@ class Check:
 
     def __init__(self, device: str, budget: Budget, out: Path, cleanrl_script=None, leanrl_script=None, leanrl=None):
         self.device, self.budget, self.out, self.cleanrl_script = device, budget, out, cleanrl_script
-        self.leanrl_script = leanrl_script  # LeanRL's PPO Atari (benchmark/leanrl_ppo_atari.py), beside `throughput`
-        self.leanrl_scripts = leanrl or {}  # SAC/TD3 -> LeanRL's script ported (benchmark/leanrl_*.py)
+        self.leanrl_script = leanrl_script  # LeanRL's PPO Atari (peers/leanrl_ppo_atari.py), by `throughput`
+        self.leanrl_scripts = leanrl or {}  # SAC/TD3 -> LeanRL's script ported (benchmark/peers/leanrl_*.py)
         self.graphs_sps = {}  # script -> its --cudagraphs steady SPS in graphs-speed:, for the leanrl row
         self.runs, self.logs, self.summary = out / "runs", out / "logs", out / "summary.txt"
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -765,7 +765,7 @@ def check_graphs_offpolicy(c: Check, script: str) -> Result:
     )
 
 
-# LeanRL's own scripts (ported, benchmark/leanrl_*.py) with its fastest flags, as graphs-speed: runs ours on CUDA
+# LeanRL's own scripts (ported, benchmark/peers/leanrl_*.py) with its fastest flags, as graphs-speed: runs ours on CUDA
 LEANRL_FLAGS = "--env-id HalfCheetah-v5 --learning-starts 1000 --total-timesteps 3000 --seed 1 --compile --cudagraphs"
 
 
@@ -1089,7 +1089,7 @@ def profile_figure(profile: dict) -> str:
 
 
 def check_cleanrl(c: Check, num_envs: int, our_sps: float) -> Result:
-    """CleanRL's own ppo_atari_multigpu.py (benchmark/cleanrl_ppo_atari_multigpu.py, ported to gymnasium 1.x, or a
+    """CleanRL's own ppo_atari_multigpu.py (benchmark/peers/cleanrl_ppo_atari_multigpu.py, ported to gymnasium 1.x, or a
     checkout's) at 1 process x `num_envs` envs: it takes no --runs-dir, so it runs in a folder of its own and writes
     runs/<name> there; a checkout's `cleanrl_utils` comes from PYTHONPATH (the folder above the script's)."""
     name = f"cleanrl {num_envs} envs"
@@ -1123,7 +1123,7 @@ def check_cleanrl(c: Check, num_envs: int, our_sps: float) -> Result:
 
 
 def check_leanrl_atari(c: Check, num_envs: int, our_sps: float) -> Result:
-    """LeanRL's own PPO Atari script (benchmark/leanrl_ppo_atari.py, ported), `--compile --cudagraphs` on CUDA, at
+    """LeanRL's own PPO Atari script (benchmark/peers/leanrl_ppo_atari.py, ported), `--compile --cudagraphs` on CUDA, at
     1 process x `num_envs` envs x the throughput's steps: its own steady speed (`speed: N sps`, from iteration 11
     to 20) next to `our_sps`, the Atari PPO's in the same call (goal: at least LeanRL's). It needs EnvPool (1.2.7:
     Python >= 3.12) with its Atari ROMs (benchmark/device_wheels.sh); without it, or without --leanrl-script, it is
@@ -1253,12 +1253,12 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--cleanrl-script",
         default=os.environ.get("CLEANRL_PPO_ATARI_MULTIGPU"),
-        help="CleanRL's ppo_atari_multigpu.py to measure next to ours: benchmark/cleanrl_ppo_atari_multigpu.py "
+        help="CleanRL's ppo_atari_multigpu.py to measure next to ours: benchmark/peers/cleanrl_ppo_atari_multigpu.py "
         "(ported to gymnasium 1.x) or a CleanRL checkout's (default: $CLEANRL_PPO_ATARI_MULTIGPU; else skipped)",
     )
     parser.add_argument(
         "--leanrl-script",
-        help="LeanRL's PPO Atari script ported, benchmark/leanrl_ppo_atari.py, to measure next to ours with --compile "
+        help="LeanRL's PPO Atari script, benchmark/peers/leanrl_ppo_atari.py, to measure next to ours with --compile "
         "--cudagraphs (needs EnvPool: benchmark/device_wheels.sh; skipped without it or without this flag)",
     )
     parser.add_argument(

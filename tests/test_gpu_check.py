@@ -230,7 +230,7 @@ def test_the_leanrl_row_is_skipped_without_its_script_or_envpool(tmp_path, monke
     assert gpu_check.check_leanrl_atari(c, 8, 2000.0).line() == skip
     envpool, find_spec = [None], importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda m, *a: envpool[0] if m == "envpool" else find_spec(m, *a))
-    c.leanrl_script = str(REPO / "benchmark" / "leanrl_ppo_atari.py")
+    c.leanrl_script = str(REPO / "benchmark" / "peers" / "leanrl_ppo_atari.py")
     line = gpu_check.check_leanrl_atari(c, 8, 2000.0).line()
     assert line.startswith("skip  leanrl 8 envs: no envpool here (EnvPool 1.2.7 needs Python >= 3.12"), line
     envpool[0] = object()  # as if installed

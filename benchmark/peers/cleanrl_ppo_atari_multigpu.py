@@ -4,13 +4,13 @@ the GPU machine gets nothing but this repository (docs/benchmarks.md). Copyright
 License.
 
 Ported to gymnasium 1.x and ale-py 0.9+, nothing else changed (the `# PORT:` lines):
-- the Atari wrappers from benchmark/cleanrl_atari_wrappers.py (CleanRL's `cleanrl_utils/atari_wrappers.py`, unchanged),
+- the Atari wrappers from benchmark/peers/cleanrl_atari_wrappers.py (CleanRL's `cleanrl_utils/atari_wrappers.py`, unchanged),
   which sits beside this file, instead of a CleanRL checkout's `cleanrl_utils`;
 - `gym.register_envs(ale_py)`: gymnasium 1.x no longer registers ALE's ids (`BreakoutNoFrameskip-v4`) by itself;
 - gymnasium 1.x's names `GrayscaleObservation` and `FrameStackObservation` for `GrayScaleObservation` and `FrameStack`;
 - the vector env resets in the same step (`autoreset_mode=SAME_STEP`), as gymnasium 0.29 did, for which the script was
   written, and finished episodes are read from gymnasium 1.x's `infos["final_info"]["episode"]` arrays, as
-  benchmark/cleanrl_pqn.py was ported.
+  benchmark/peers/cleanrl_pqn.py was ported.
 """
 
 # docs and experiment results can be found at https://docs.cleanrl.dev/rl-algorithms/ppo/#ppo_atari_multigpupy

@@ -5,7 +5,7 @@ float32 NCHW frames, foreach Adam, DDP; it logs only `charts/SPS`. Not a trainin
 checkpoints, no episode logging). Needs OpenCV for `AtariPreprocessing`:
 `pip install opencv-python-headless`. Compare with:
 
-    python -m benchmark.throughput --world-sizes 2 --compare benchmark/cleanrl_style_ppo_atari.py
+    python -m benchmark.throughput --world-sizes 2 --compare benchmark/peers/cleanrl_style_ppo_atari.py
 """
 
 import argparse

@@ -1,5 +1,5 @@
 """CleanRL's `cleanrl_utils/atari_wrappers.py` (github.com/vwxyzjn/cleanrl at fe8d8a0), unchanged: the Atari wrappers that
-benchmark/cleanrl_ppo_atari_multigpu.py imports (CleanRL's script, ported). MIT License, as below."""
+benchmark/peers/cleanrl_ppo_atari_multigpu.py imports (CleanRL's script, ported). MIT License, as below."""
 
 # Copyright notice
 #
