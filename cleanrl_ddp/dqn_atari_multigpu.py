@@ -76,8 +76,8 @@ class Args(rt.RunArgs):
     """global steps between logged (all-reduced) metrics; a preemption signal is acted on at these steps"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
     """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
-    cudagraphs: bool = False
-    """CUDA: the greedy actions replayed as one CUDA graph (CPU: the same, eagerly)"""
+    cudagraphs: bool = True
+    """CUDA: the greedy actions replayed as one CUDA graph (the CPU runs them eagerly)"""
 
 
 def make_env(env_id: str, num_envs: int, num_threads: int = 1, repeat_action_probability: float = 0.0):
@@ -341,7 +341,7 @@ def main() -> None:
         with torch.no_grad():  # the unwrapped network: inference must not go through DDP
             return q_network(static_obs).argmax(dim=1)
 
-    greedy_actions = graphs.graphed(greedy_actions, args.cudagraphs and run.on_cuda)  # --cudagraphs: one replay
+    greedy_actions = graphs.graphed(greedy_actions, graphs.enabled(args, run))  # --cudagraphs: one replay
     episodes = rt.Episodes(n)  # whole games
     sums = dict(td_loss=0.0, q_values=0.0, updates=0)  # since the last logged step
     num_updates = ckpt["num_updates"] if ckpt else 0

@@ -89,8 +89,8 @@ class Args(rt.RunArgs):
     """store conv weights and activations channels-last (NHWC): faster convolutions, same math"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
     """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
-    cudagraphs: bool = False
-    """CUDA: the policy steps, GAE and the minibatch update replayed as CUDA graphs (CPU: the same, eagerly)"""
+    cudagraphs: bool = True
+    """CUDA: the policy steps, GAE and each minibatch update replayed as CUDA graphs (the CPU runs them eagerly)"""
 
 
 def make_env(env_id: str, num_envs: int, num_threads: int = 1, repeat_action_probability: float = 0.0):
@@ -389,17 +389,17 @@ def main() -> None:
         loss.backward()
         return mb_stats
 
-    def clip_and_step():
+    def clip_and_step(*_):
         nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
         optimizer.step()
 
     # --cudagraphs: as in ppo_atari_multigpu.py, with one graph per half's policy step
-    capture = args.cudagraphs and run.on_cuda  # only CUDA captures
+    capture = graphs.enabled(args, run)  # only CUDA captures
     policy_steps = [graphs.graphed(partial(policy_step, h=h), capture) for h in (0, 1)]
     advantages_and_returns = graphs.graphed(advantages_and_returns, capture)
-    backward, step_optimizer = graphs.update_step(
-        minibatch_backward, clip_and_step, capture, model is agent, world_size
-    )
+    ddp, flat = model is not agent, world_size > 1 and args.grad_sync == "flat"
+    all_reduce = partial(all_reduce_gradients_flat, list(agent.parameters()), world_size) if flat else None
+    update = graphs.Update(capture, *graphs.optimizer_step(minibatch_backward, clip_and_step, all_reduce, ddp))
     num_iterations, preempted = sizes.num_iterations, False
     rt.open_run(run, sizes, ckpt)
 
@@ -436,7 +436,6 @@ def main() -> None:
         rewards.copy_(host_rewards, non_blocking=True)
         all_dones.copy_(host_dones, non_blocking=True)
         update_start = time.perf_counter()
-        grad_sync_seconds = 0.0
         advantages, returns = advantages_and_returns()
         b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
 
@@ -449,12 +448,7 @@ def main() -> None:
             if args.norm_adv:
                 epoch_advantages = normalize_advantages(epoch_advantages, world_size)
             for mb_inds, mb_advantages in zip(b_inds, epoch_advantages, strict=True):
-                mb_stats = backward(mb_inds, mb_advantages, b_returns)
-                if world_size > 1 and args.grad_sync == "flat":
-                    sync_start = time.perf_counter()
-                    all_reduce_gradients_flat(list(agent.parameters()), world_size)
-                    grad_sync_seconds += time.perf_counter() - sync_start
-                step_optimizer()
+                (mb_stats,) = update(mb_inds, mb_advantages, b_returns)
                 loss_sums = {k: loss_sums.get(k, 0) + v for k, v in mb_stats.items()}
                 num_updates += 1
 
@@ -487,8 +481,8 @@ def main() -> None:
             "perf/rollout_seconds": update_start - rollout_start,
             "perf/update_seconds": update_seconds,
         }
-        if world_size > 1 and args.grad_sync == "flat":
-            scalars["perf/grad_sync_seconds"] = grad_sync_seconds
+        if flat:
+            scalars["perf/grad_sync_seconds"] = update.take_outside_seconds()
         rt.log(run, global_step, scalars, m)
         if args.sync_check_every and iteration % args.sync_check_every == 0:
             rt.check_replicas_in_sync(f"iteration {iteration}", world_size, agent, optimizer)

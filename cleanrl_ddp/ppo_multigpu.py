@@ -16,6 +16,7 @@ take `--total-timesteps` env steps. Run plumbing lives in cleanrl_ddp/runtime.py
 import os
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal, Optional
 
 import gymnasium as gym
@@ -28,7 +29,7 @@ import tyro
 from torch.distributions.categorical import Categorical
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from cleanrl_ddp import env_state, evals
+from cleanrl_ddp import env_state, evals, graphs
 from cleanrl_ddp import runtime as rt
 
 SCRIPT = os.path.basename(__file__)[: -len(".py")]
@@ -80,6 +81,8 @@ class Args(rt.RunArgs):
     """if toggled, evaluation takes the most likely action; --no-eval-greedy samples from the policy"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
     """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
+    cudagraphs: bool = False
+    """CUDA: the policy step, GAE and each minibatch update replayed as CUDA graphs (the CPU runs them eagerly)"""
 
 
 def make_env(env_id: str, render_mode: Optional[str] = None):
@@ -293,27 +296,32 @@ def main() -> None:
     if world_size > 1:
         for tensor in agent.state_dict().values():  # the same start whichever --grad-sync is used
             dist.broadcast(tensor, src=0)
-    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    # fused: one kernel for all parameters; --cudagraphs: the learning rate a tensor that a captured step reads
+    optimizer = graphs.optimizer(
+        optim.Adam, agent.parameters(), args.learning_rate, args.cudagraphs, device, eps=1e-5, fused=True
+    )
     rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
     if ckpt:
         agent.load_state_dict(ckpt["agent"])
         optimizer.load_state_dict(ckpt["optimizer"])
         rt.resume_rng(run, ckpt, args.seed)
+    for p in agent.parameters():  # gradients allocated once: backward accumulates into them (CUDA graphs)
+        p.grad = torch.zeros_like(p)
     model = DDP(agent) if world_size > 1 and args.grad_sync == "ddp" else agent
 
     env_seed0 = args.seed + rank * args.local_num_envs
-    next_obs, _ = envs.reset(seed=env_seed0)
+    next_obs_np, _ = envs.reset(seed=env_seed0)
     episodes = rt.Episodes(args.local_num_envs)
     next_done = np.zeros(args.local_num_envs)
     if ckpt:  # every env continues exactly where it was, whichever rank steps it now
         share = env_state.split_for_rank(run, ckpt)
         if env_state.restore(run, envs.envs, share[0] if share else None):
-            next_obs, next_done, episodes.returns, episodes.lengths = (x.numpy() for x in share[1:])
+            next_obs_np, next_done, episodes.returns, episodes.lengths = (x.numpy() for x in share[1:])
         else:  # an env family with no state function: new episodes, from seeds no earlier attempt used
-            next_obs, _ = envs.reset(seed=env_seed0 + (start_iteration - 1) * sizes.num_envs)
+            next_obs_np, _ = envs.reset(seed=env_seed0 + (start_iteration - 1) * sizes.num_envs)
 
-    # ALGO Logic: Storage setup. Rewards and dones cross to the device once per rollout (page-locked on CUDA),
-    # observations at every step, through a staging buffer of their own.
+    # ALGO Logic: Storage setup, allocated once (the addresses a CUDA graph replays). Rewards and dones cross to the
+    # device once per rollout (page-locked on CUDA), observations at every step, through a staging buffer of their own.
     n, obs_shape = args.local_num_envs, envs.single_observation_space.shape
     obs = torch.zeros((args.num_steps, n) + obs_shape, device=device)
     actions = torch.zeros((args.num_steps, n), dtype=torch.long, device=device)
@@ -323,56 +331,70 @@ def main() -> None:
     host_dones = torch.zeros((args.num_steps + 1, n), pin_memory=run.on_cuda)  # last row: next_done
     host_dones[-1] = torch.from_numpy(next_done)
     staging = torch.zeros((n,) + obs_shape, pin_memory=run.on_cuda)
-    next_obs = rt.to_device(next_obs, device, staging)
+    next_obs, rewards, all_dones = staging.to(device), host_rewards.to(device), host_dones.to(device)
+    graphs.fill(next_obs, next_obs_np, staging)
+    steps = torch.arange(args.num_steps, device=device)
+    b_obs = obs.reshape((-1,) + obs_shape)  # the flattened batch: views of the rollout buffers
+    b_logprobs, b_actions, b_values = logprobs.reshape(-1), actions.reshape(-1), values.reshape(-1)
+
+    def policy_step(step):
+        """The policy on `next_obs`, written into rollout row `step` (a tensor: one graph serves every row)."""
+        # ALGO LOGIC: action logic (the unwrapped agent: inference must not go through DDP)
+        with torch.no_grad():
+            action, logprob, _, value = agent.get_action_and_value(next_obs)
+        values[step], actions[step], logprobs[step] = value.flatten(), action, logprob
+
+    def advantages_and_returns():
+        with torch.no_grad():  # bootstrap value if not done
+            next_value = agent.get_value(next_obs).reshape(1, -1)
+            dones, next_done = all_dones[:-1], all_dones[-1]
+            return compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
+
+    def minibatch_backward(mb_inds, mb_advantages, b_returns):
+        minibatch = [b[mb_inds] for b in (b_obs, b_actions, b_logprobs, b_returns, b_values)]  # ppo_loss's order
+        loss, mb_stats = ppo_loss(model, mb_advantages, *minibatch, args)
+        optimizer.zero_grad(set_to_none=False)
+        loss.backward()
+        return mb_stats
+
+    def clip_and_step(*_):
+        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+        optimizer.step()
+
+    # --cudagraphs: each one CUDA graph replay; the update is cut at its gradient all-reduce (cleanrl_ddp/graphs.py)
+    capture = graphs.enabled(args, run)  # only CUDA captures: on the CPU the same functions run eagerly
+    policy_step = graphs.graphed(policy_step, capture)
+    advantages_and_returns = graphs.graphed(advantages_and_returns, capture)
+    ddp, flat = model is not agent, world_size > 1 and args.grad_sync == "flat"
+    all_reduce = partial(all_reduce_gradients_flat, list(agent.parameters()), world_size) if flat else None
+    update = graphs.Update(capture, *graphs.optimizer_step(minibatch_backward, clip_and_step, all_reduce, ddp))
     num_iterations, preempted = sizes.num_iterations, False
     rt.open_run(run, sizes, ckpt)
 
     for iteration in range(start_iteration, num_iterations + 1):
         rollout_start = time.perf_counter()
-        if args.anneal_lr:
-            frac = 1.0 - (iteration - 1.0) / num_iterations
-            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+        lr = args.learning_rate * (1.0 - (iteration - 1.0) / num_iterations if args.anneal_lr else 1.0)
+        graphs.set_lr(optimizer, lr)
 
         host_dones[0] = host_dones[-1]
         for step in range(args.num_steps):
             global_step += sizes.num_envs  # global: all ranks step at once
-            obs[step] = next_obs  # a copy: `staging` is reused below
-
-            # ALGO LOGIC: action logic (the unwrapped agent: inference must not go through DDP)
-            with torch.no_grad():
-                action, logprob, _, value = agent.get_action_and_value(next_obs)
-                values[step] = value.flatten()
-            actions[step] = action
-            logprobs[step] = logprob
+            obs[step] = next_obs  # a copy: `next_obs` is refilled below
+            policy_step(steps[step : step + 1])
 
             # TRY NOT TO MODIFY: execute the game and log data.
-            next_obs, reward, terminations, truncations, _ = envs.step(action.cpu().numpy())
+            next_obs_np, reward, terminations, truncations, _ = envs.step(actions[step].cpu().numpy())
             next_done = np.logical_or(terminations, truncations)
             episodes.step(reward, next_done)
             host_rewards[step] = torch.from_numpy(reward)
             host_dones[step + 1] = torch.from_numpy(next_done)
-            next_obs = rt.to_device(next_obs, device, staging)
+            graphs.fill(next_obs, next_obs_np, staging)
 
-        rewards = host_rewards.to(device, non_blocking=run.on_cuda)
-        all_dones = host_dones.to(device, non_blocking=run.on_cuda)
-        dones, next_done = all_dones[:-1], all_dones[-1]
-
+        rewards.copy_(host_rewards, non_blocking=True)
+        all_dones.copy_(host_dones, non_blocking=True)
         update_start = time.perf_counter()
-        grad_sync_seconds = 0.0
-        # bootstrap value if not done
-        with torch.no_grad():
-            next_value = agent.get_value(next_obs).reshape(1, -1)
-            advantages, returns = compute_gae(
-                rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda
-            )
-
-        # flatten the batch
-        b_obs = obs.reshape((-1,) + obs_shape)
-        b_logprobs = logprobs.reshape(-1)
-        b_actions = actions.reshape(-1)
-        b_advantages = advantages.reshape(-1)
-        b_returns = returns.reshape(-1)
-        b_values = values.reshape(-1)
+        advantages, returns = advantages_and_returns()
+        b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
 
         # Optimizing the policy and value network (the same minibatches, so the same all-reduces, on every rank)
         loss_sums, num_updates = {}, 0
@@ -383,24 +405,7 @@ def main() -> None:
             if args.norm_adv:
                 epoch_advantages = normalize_advantages(epoch_advantages, world_size)
             for mb_inds, mb_advantages in zip(b_inds, epoch_advantages, strict=True):
-                loss, mb_stats = ppo_loss(
-                    model,
-                    mb_advantages,
-                    mb_obs=b_obs[mb_inds],
-                    mb_actions=b_actions[mb_inds],
-                    mb_logprobs=b_logprobs[mb_inds],
-                    mb_returns=b_returns[mb_inds],
-                    mb_values=b_values[mb_inds],
-                    args=args,
-                )
-                optimizer.zero_grad(set_to_none=False)
-                loss.backward()
-                if world_size > 1 and args.grad_sync == "flat":
-                    sync_start = time.perf_counter()
-                    all_reduce_gradients_flat(list(agent.parameters()), world_size)
-                    grad_sync_seconds += time.perf_counter() - sync_start
-                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                optimizer.step()
+                (mb_stats,) = update(mb_inds, mb_advantages, b_returns)
                 loss_sums = {k: loss_sums.get(k, 0) + v for k, v in mb_stats.items()}
                 num_updates += 1
 
@@ -425,7 +430,7 @@ def main() -> None:
         var_y = m["y2"] / n - (m["y"] / n) ** 2
         var_diff = m["d2"] / n - (m["d"] / n) ** 2
         scalars = {
-            "charts/learning_rate": optimizer.param_groups[0]["lr"],
+            "charts/learning_rate": lr,
             "losses/explained_variance": np.nan if var_y == 0 else 1 - var_diff / var_y,
             "charts/updates_per_iteration": num_updates,
             **{k: v for k, v in m.items() if k.startswith("losses/")},
@@ -433,8 +438,8 @@ def main() -> None:
             "perf/rollout_seconds": update_start - rollout_start,
             "perf/update_seconds": update_seconds,
         }
-        if world_size > 1 and args.grad_sync == "flat":
-            scalars["perf/grad_sync_seconds"] = grad_sync_seconds
+        if flat:
+            scalars["perf/grad_sync_seconds"] = update.take_outside_seconds()
         rt.log(run, global_step, scalars, m)
         if args.sync_check_every and iteration % args.sync_check_every == 0:
             rt.check_replicas_in_sync(f"iteration {iteration}", world_size, agent, optimizer)

@@ -28,7 +28,7 @@ FIRST = (
     "test_benchmark_harness.py",  # 43
     "test_ppo_atari_multigpu.py",  # 32
     "test_repo.py",  # 30
-    "test_cudagraphs_atari.py",  # 24
+    "test_cudagraphs.py",  # 24
 )
 
 
