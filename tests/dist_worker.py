@@ -667,8 +667,8 @@ def record_grads(into: list):
 
 # torch.compile's backend in the --compile checks: "aot_eager" traces the losses as inductor does (Dynamo's graphs and
 # graph breaks, DDP's graph splitting, AOTAutograd's forward and backward) and runs the traced aten graphs; inductor's
-# code generation alone is left to benchmark/gpu_check.py: it takes minutes on the 2-core CI machine (figures in
-# docs/sac_continuous_action_multigpu.md)
+# code generation alone is left to benchmark/gpu_check.py: it takes minutes on the 2-core CI machine
+# (docs/correctness.md, `--compile`)
 COMPILE_BACKEND = "aot_eager"
 
 
