@@ -91,7 +91,7 @@ class Args(rt.RunArgs):
     grad_sync: Literal["ddp", "flat"] = "ddp"
     """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
     compile: bool = False
-    """`torch.compile` the minibatch loss and its backward: about a minute more at start; on an H200 1.05x (eager)"""
+    """`torch.compile` the loss and its backward: ~14 s more at start; 1.05-1.09x eager on an H200 (docs/gpu.md)"""
     cudagraphs: bool = True
     """CUDA: the policy step, GAE and each minibatch update replayed as CUDA graphs (the CPU runs them eagerly)"""
 

@@ -76,7 +76,7 @@ class Args(rt.RunArgs):
     grad_sync: Literal["ddp", "flat"] = "ddp"
     """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
     compile: bool = False
-    """`torch.compile` the losses and their backward: about a minute more at start; 1.18x on an H200 (CUDA graphs)"""
+    """`torch.compile` the losses and their backward: compiles at start; 1.18x with CUDA graphs on an H200"""
     cudagraphs: bool = True
     """CUDA: each update and the action choice replayed as CUDA graphs (the CPU runs them eagerly)"""
 
