@@ -290,10 +290,7 @@ def ppo_loss(model, mb_advantages, mb_obs, mb_actions, mb_logprobs, mb_returns, 
 
 
 def all_reduce_gradients_flat(params, world_size: int) -> None:
-    """Average gradients across ranks with one all-reduce of one flat buffer (instead of DDP).
-
-    After cswinter's batched scheme (entity-neural-network/incubator#220), used by CleanRL.
-    """
+    """Average gradients over ranks: one all-reduce of a flat buffer, not DDP (entity-neural-network/incubator#220)."""
     if world_size == 1:
         return
     grads = [p.grad for p in params]
