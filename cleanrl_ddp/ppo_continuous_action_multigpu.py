@@ -3,10 +3,8 @@
 Docs: docs/ppo_continuous_action_multigpu.md. Needs MuJoCo: `pip install -e ".[mujoco]"`. Launch it as
 `python cleanrl_ddp/ppo_continuous_action_multigpu.py` (1 process), `torchrun --standalone --nproc_per_node=2
 cleanrl_ddp/ppo_continuous_action_multigpu.py` (2 processes), or on several nodes or under SLURM as in
-cleanrl_ddp/ppo_multigpu.py. Every rank steps its own `--local-num-envs` envs; gradients are averaged across
-ranks each minibatch (DDP, or one flat all-reduce with `--grad-sync flat`). Observations and rewards are
-normalised with running statistics merged across ranks once per iteration (`RunningStats`), so every rank
-feeds the network the same normalisation. Run plumbing lives in cleanrl_ddp/runtime.py.
+cleanrl_ddp/ppo_multigpu.py. Every rank steps its own envs; gradients are averaged across ranks each minibatch.
+The normalisation statistics are merged across ranks once per iteration (`RunningStats`): all ranks normalise alike.
 """
 
 import os
@@ -90,8 +88,7 @@ class Args(rt.RunArgs):
 
 
 def make_env(env_id: str, render_mode: Optional[str] = None):
-    # only the env: the training loop normalises observations and rewards with statistics of all ranks
-    # (gymnasium's NormalizeObservation/NormalizeReward keep per-process ones)
+    # only the env: the loop normalises with the statistics of all ranks (`RunningStats`)
     def thunk():
         return gym.make(env_id, render_mode=render_mode)
 
@@ -136,14 +133,12 @@ class Agent(nn.Module):
         return action, probs.log_prob(action).sum(1), probs.entropy().sum(1), self.critic(x)
 
     def forward(self, x, action):
-        # the loss goes through `forward`, so that a DDP wrapper averages its gradients;
-        # the rollout calls `get_action_and_value` on the unwrapped agent
+        # the loss goes through `forward`, so that DDP averages its gradients; the rollout calls the unwrapped agent
         return self.get_action_and_value(x, action)
 
 
 def eval_action(agent: tuple, obs, greedy: bool, generator, args: Args):
-    """Evaluation's actions (cleanrl_ddp/evals.py) of `agent`, the pair (Agent, its observation statistics,
-    frozen): the Gaussian's mean, or sampled with `generator`."""
+    """Evaluation's actions (cleanrl_ddp/evals.py) of (Agent, its frozen obs statistics): the mean, or sampled."""
     agent, obs_stats = agent
     action = agent.actor_mean(network_input(obs, obs_stats, args))
     if greedy:
@@ -170,7 +165,7 @@ class Sizes(rt.Sizes):
 
 
 def derive_sizes(args: Args, world_size: int) -> Sizes:
-    """Global and per-rank sizes from the flags and the world size; raises RunError on bad input."""
+    """Global and per-rank sizes; raises RunError on bad input."""
     rt.require_at_least_1(args, "local_num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps")
     local_batch_size = args.local_num_envs * args.num_steps
     if local_batch_size % args.num_minibatches != 0:
@@ -229,8 +224,7 @@ def normalize_advantages(adv: torch.Tensor, world_size: int) -> torch.Tensor:
 
 
 def ppo_loss(model, mb_advantages, mb_obs, mb_actions, mb_logprobs, mb_returns, mb_values, args: Args):
-    """The clipped PPO loss of one local minibatch, and its named stats (detached). `model` is the
-    DDP-wrapped agent (or the plain one); `mb_advantages` come normalised with --norm-adv."""
+    """The clipped PPO loss of one local minibatch, and its named stats (detached); `model` may be DDP-wrapped."""
     _, newlogprob, entropy, newvalue = model(mb_obs, mb_actions)
     logratio = newlogprob - mb_logprobs
     ratio = logratio.exp()
@@ -263,10 +257,7 @@ def ppo_loss(model, mb_advantages, mb_obs, mb_actions, mb_logprobs, mb_returns, 
 
 
 def all_reduce_gradients_flat(params, world_size: int) -> None:
-    """Average gradients across ranks with one all-reduce of one flat buffer (instead of DDP).
-
-    After cswinter's batched scheme (entity-neural-network/incubator#220), used by CleanRL.
-    """
+    """Average gradients over ranks: one all-reduce of a flat buffer, not DDP (entity-neural-network/incubator#220)."""
     if world_size == 1:
         return
     grads = [p.grad for p in params]
@@ -281,11 +272,8 @@ def all_reduce_gradients_flat(params, world_size: int) -> None:
 
 # Observation and reward normalisation, with statistics merged over all ranks
 class RunningStats:
-    """Count, mean and sum of squared deviations (M2) per feature, in float64, equal on all ranks.
-
-    gymnasium's NormalizeObservation/NormalizeReward keep per-process statistics: each rank would scale its
-    inputs differently. `update` merges the samples of ALL ranks, as one process would over all of them.
-    """
+    """Count, mean and M2 (sum of squared deviations) per feature, float64, equal on all ranks: `update` merges
+    the samples of ALL ranks (gymnasium's NormalizeObservation/NormalizeReward would scale each rank its own way)."""
 
     def __init__(self, shape=(), device=None):
         self.shape = tuple(shape)
@@ -362,8 +350,7 @@ def main() -> None:
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = ckpt["global_step"] if ckpt else 0
 
-    # CRUCIAL: every rank starts from the same weights, but steps its own envs with its own seeds and
-    # samples actions from its own stream. Env seeds are global env indices (disjoint across ranks).
+    # CRUCIAL: the same start weights on every rank, but each rank's own (disjoint) env seeds and random stream
     rt.seed_everything(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     envs = gym.vector.SyncVectorEnv(
@@ -407,9 +394,7 @@ def main() -> None:
         else:  # an env family with no state function: new episodes, from seeds no earlier attempt used
             next_raw_obs, _ = envs.reset(seed=env_seed0 + (start_iteration - 1) * sizes.num_envs)
 
-    # ALGO Logic: Storage setup, allocated once (the addresses a CUDA graph replays). Rewards, discounted returns and
-    # dones cross to the device once per rollout (page-locked on CUDA), observations at every step, through a staging
-    # buffer of their own.
+    # ALGO Logic: Storage setup, allocated once: a CUDA graph replays the addresses; rewards and dones cross per rollout
     obs = torch.zeros((args.num_steps, n) + obs_shape, device=device)  # normalised, as acted on
     actions = torch.zeros((args.num_steps, n) + action_shape, device=device)
     logprobs = torch.zeros((args.num_steps, n), device=device)
@@ -499,8 +484,8 @@ def main() -> None:
         advantages, returns = advantages_and_returns()
         b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
 
-        # CRUCIAL: the one point where the statistics change, after the bootstrap value (which must see the
-        # rollout's): every rank merges the samples of all ranks, so all normalise alike next time
+        # CRUCIAL: the statistics change only here, after the bootstrap value (normalised as the rollout was),
+        # from the samples of all ranks, so that all normalise alike
         if args.norm_obs:
             obs_stats.update(raw_obs, world_size)
         if args.norm_reward:

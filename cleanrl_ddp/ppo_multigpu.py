@@ -128,8 +128,7 @@ class Agent(nn.Module):
         return action, probs.log_prob(action), probs.entropy(), self.critic(x)
 
     def forward(self, x, action):
-        # the loss goes through `forward`, so that a DDP wrapper averages its gradients;
-        # the rollout calls `get_action_and_value` on the unwrapped agent
+        # the loss goes through `forward`, so that DDP averages its gradients; the rollout calls the unwrapped agent
         return self.get_action_and_value(x, action)
 
 
@@ -156,7 +155,7 @@ class Sizes(rt.Sizes):
 
 
 def derive_sizes(args: Args, world_size: int) -> Sizes:
-    """Global and per-rank sizes from the flags and the world size; raises RunError on bad input."""
+    """Global and per-rank sizes; raises RunError on bad input."""
     rt.require_at_least_1(args, "local_num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps")
     local_batch_size = args.local_num_envs * args.num_steps
     if local_batch_size % args.num_minibatches != 0:
@@ -215,8 +214,7 @@ def normalize_advantages(adv: torch.Tensor, world_size: int) -> torch.Tensor:
 
 
 def ppo_loss(model, mb_advantages, mb_obs, mb_actions, mb_logprobs, mb_returns, mb_values, args: Args):
-    """The clipped PPO loss of one local minibatch, and its named stats (detached). `model` is the
-    DDP-wrapped agent (or the plain one); `mb_advantages` come normalised with --norm-adv."""
+    """The clipped PPO loss of one local minibatch, and its named stats (detached); `model` may be DDP-wrapped."""
     _, newlogprob, entropy, newvalue = model(mb_obs, mb_actions)
     logratio = newlogprob - mb_logprobs
     ratio = logratio.exp()
@@ -249,10 +247,7 @@ def ppo_loss(model, mb_advantages, mb_obs, mb_actions, mb_logprobs, mb_returns, 
 
 
 def all_reduce_gradients_flat(params, world_size: int) -> None:
-    """Average gradients across ranks with one all-reduce of one flat buffer (instead of DDP).
-
-    After cswinter's batched scheme (entity-neural-network/incubator#220), used by CleanRL.
-    """
+    """Average gradients over ranks: one all-reduce of a flat buffer, not DDP (entity-neural-network/incubator#220)."""
     if world_size == 1:
         return
     grads = [p.grad for p in params]
@@ -280,8 +275,7 @@ def main() -> None:
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = ckpt["global_step"] if ckpt else 0
 
-    # CRUCIAL: every rank starts from the same weights, but steps its own envs with its own seeds and
-    # samples actions from its own stream. Env seeds are global env indices (disjoint across ranks).
+    # CRUCIAL: the same start weights on every rank, but each rank's own (disjoint) env seeds and random stream
     rt.seed_everything(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     envs = gym.vector.SyncVectorEnv(
@@ -320,8 +314,7 @@ def main() -> None:
         else:  # an env family with no state function: new episodes, from seeds no earlier attempt used
             next_obs_np, _ = envs.reset(seed=env_seed0 + (start_iteration - 1) * sizes.num_envs)
 
-    # ALGO Logic: Storage setup, allocated once (the addresses a CUDA graph replays). Rewards and dones cross to the
-    # device once per rollout (page-locked on CUDA), observations at every step, through a staging buffer of their own.
+    # ALGO Logic: Storage setup, allocated once: a CUDA graph replays the addresses; rewards and dones cross per rollout
     n, obs_shape = args.local_num_envs, envs.single_observation_space.shape
     obs = torch.zeros((args.num_steps, n) + obs_shape, device=device)
     actions = torch.zeros((args.num_steps, n), dtype=torch.long, device=device)

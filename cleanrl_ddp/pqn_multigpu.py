@@ -195,10 +195,7 @@ def update_q_network(model, q_network, optimizer, obs, actions, returns, args: A
 
 
 def all_reduce_gradients_flat(params, world_size: int) -> None:
-    """Average gradients across ranks with one all-reduce of one flat buffer (instead of DDP).
-
-    After cswinter's batched scheme (entity-neural-network/incubator#220), used by CleanRL.
-    """
+    """Average gradients over ranks: one all-reduce of a flat buffer, not DDP (entity-neural-network/incubator#220)."""
     if world_size == 1:
         return
     grads = [p.grad for p in params]
