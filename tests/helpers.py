@@ -1,5 +1,6 @@
 """Launch scripts through their real command lines and read what they wrote (shared by all tests)."""
 
+import importlib
 import os
 import re
 import signal
@@ -9,11 +10,17 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+import torch
+
 from benchmark.events import event_files, read_scalar_events, read_scalars  # noqa: F401 (re-exported)
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "cleanrl_ddp"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]  # the `torchrun` entry point, same interpreter
+# what a launcher sets, and what a script reads as its rank, world size, job and restart
+LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_NTASKS", "SLURM_PROCID")
+LAUNCH_VARS += ("SLURM_JOB_ID", "SLURM_STEP_ID", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_MAX_RESTARTS")
 
 
 def script_path(script: str) -> str:
@@ -113,6 +120,31 @@ def only_run_dir(runs_dir) -> Path:
     dirs = run_dirs(runs_dir)
     assert len(dirs) == 1, f"expected one run directory in {runs_dir}, found {dirs}"
     return dirs[0]
+
+
+def main_error(monkeypatch, script: str, *flags, env=None) -> str:
+    """The RunError that `script`'s main() raises with `flags`, in this process as one rank (the launcher's variables
+    removed, `env` set). A bad input needs no process of its own: `rt.exit_codes` prints every RunError as one line
+    with its exit code (tests/test_runtime.py), and one case per test file also runs as a command. The signal
+    handlers and thread count that main() sets are put back."""
+    from cleanrl_ddp.runtime import RunError
+
+    for var in LAUNCH_VARS:
+        monkeypatch.delenv(var, raising=False)
+    for var, value in (env or {}).items():
+        monkeypatch.setenv(var, value)
+    module = importlib.import_module(f"cleanrl_ddp.{script.removesuffix('.py')}")
+    monkeypatch.setattr(sys, "argv", [script, *map(str, flags)])
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(RunError) as error:
+            module.main()
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        torch.set_num_threads(threads)
+    return str(error.value)
 
 
 def assert_one_line_error(proc, pattern: str, script: str) -> None:

@@ -2,44 +2,28 @@
 process and stops with the RunError (or evaluate's EvalError) that `rt.exit_codes` prints as one line with exit
 code 2 (tests/test_runtime.py checks that path); nothing is written before it. One case also runs as a command."""
 
-import importlib
-import signal
-import sys
-
 import pytest
 import torch
-from helpers import assert_one_line_error, launch
+from helpers import assert_one_line_error, launch, main_error
 
 from cleanrl_ddp import evaluate
-from cleanrl_ddp import runtime as rt
 
 # a run of 32 steps: without its check, a bad flag would train (or crash) in seconds, not for the default budget
 DQN_TINY = ("--total-timesteps", 32, "--local-num-envs", 1, "--buffer-size", 32, "--learning-starts", 16)
 DQN_TINY += ("--train-frequency", 4, "--local-batch-size", 4, "--log-every", 8)
 PPO_TINY = ("--total-timesteps", 32, "--local-num-envs", 1, "--num-steps", 16, "--num-minibatches", 1)
-LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_JOB_ID")
 
 
 @pytest.fixture
 def main_in_process(monkeypatch, tmp_path):
     """main_in_process(script, *flags): the RunError a script's main() raises, in this process (one rank)."""
-    for var in (*LAUNCH_VARS, "TORCHELASTIC_RUN_ID", "TORCHELASTIC_MAX_RESTARTS"):
-        monkeypatch.delenv(var, raising=False)
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
-    threads = torch.get_num_threads()
 
     def run(script: str, *flags) -> str:
-        module = importlib.import_module(f"cleanrl_ddp.{script}")
-        monkeypatch.setattr(sys, "argv", [script, "--runs-dir", str(tmp_path / "runs"), *map(str, flags)])
-        with pytest.raises(rt.RunError) as error:
-            module.main()
+        message = main_error(monkeypatch, script, "--runs-dir", tmp_path / "runs", *flags)
         assert not (tmp_path / "runs").exists()  # stopped before writing anything
-        return str(error.value)
+        return message
 
-    yield run
-    for sig, handler in handlers.items():
-        signal.signal(sig, handler)
-    torch.set_num_threads(threads)
+    return run
 
 
 @pytest.mark.parametrize(

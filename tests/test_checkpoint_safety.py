@@ -25,14 +25,22 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from helpers import REPO, assert_one_line_error, free_port, launch, only_run_dir, read_scalars, script_path, wait_until
+from helpers import (
+    LAUNCH_VARS,
+    REPO,
+    assert_one_line_error,
+    free_port,
+    launch,
+    main_error,
+    only_run_dir,
+    read_scalars,
+    script_path,
+    wait_until,
+)
 
 from cleanrl_ddp import checkpoint, env_state, evaluate
 from cleanrl_ddp import launch as launcher
 from cleanrl_ddp import runtime as rt
-
-LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_NTASKS", "SLURM_PROCID")
-LAUNCH_VARS += ("SLURM_JOB_ID", "SLURM_STEP_ID", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_MAX_RESTARTS")
 
 
 @dataclass
@@ -160,22 +168,9 @@ def malicious_checkpoint(path, marker):
 
 
 @pytest.fixture
-def main_in_process(clean_launch, tmp_path):
+def main_in_process(clean_launch):
     """main_in_process(script, *flags): the RunError a script's main() raises, in this process (one rank)."""
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
-    threads = torch.get_num_threads()
-
-    def run(script: str, *flags) -> str:
-        module = importlib.import_module(f"cleanrl_ddp.{script}")
-        clean_launch.setattr(sys, "argv", [script, *map(str, flags)])
-        with pytest.raises(rt.RunError) as error:
-            module.main()
-        return str(error.value)
-
-    yield run
-    for sig, handler in handlers.items():
-        signal.signal(sig, handler)
-    torch.set_num_threads(threads)
+    return lambda script, *flags: main_error(clean_launch, script, *flags)
 
 
 def test_a_checkpoint_that_carries_code_is_refused_everywhere(tmp_path, main_in_process):

@@ -32,6 +32,7 @@ from helpers import (
     finish,
     free_port,
     launch,
+    main_error,
     only_run_dir,
     read_scalars,
     start,
@@ -167,9 +168,13 @@ def case(script: Script, *values, name: str = "") -> pytest.param:
 # The scripts that run SIGTERM and --resume (their own state), and those whose resume is exact (their envs pickle)
 SCRIPTS = [case(s) for s in (PPO, CONTINUOUS, ATARI, ASYNC, DQN, SAC, TD3, PQN, PQN_ATARI)]
 EXACT = (PPO, CONTINUOUS, PQN)
-# where a stopped 2-rank run is also resumed (default: one rank); ppo_multigpu resumes on one rank in the
-# elastic and SLURM tests below
-OTHER_WORLD_SIZES = {PPO: (4,)}
+
+
+def sigterm_iterations(script: Script) -> int:
+    """The length of a script's SIGTERM runs: room for the signal to land mid-run, after the first checkpoint
+    (iteration 2); off-policy: for updates after the resume's refill; the Atari scripts' iterations are long enough
+    (a CNN update each) for 20 to leave that room."""
+    return {SAC: 60, TD3: 60, ATARI: 20, ASYNC: 20, PQN_ATARI: 20}.get(script, 40)
 
 
 def load(path) -> dict:
@@ -212,13 +217,15 @@ def assert_steps_complete(run_dir, iterations, script: Script, nproc=2):
 
 @pytest.fixture(scope="module")
 def finished_runs(tmp_path_factory):
-    """finished_runs(script): the run directory of a finished 2-rank run (3 iterations), launched once."""
+    """finished_runs(script): the run directory of a finished 2-rank run, launched once: the SIGTERM test's run
+    without the stop (`sigterm_iterations`), and the source of the bad checkpoints below."""
     done = {}
 
     def finished_run(script: Script) -> Path:
         if script.name not in done:
             runs = tmp_path_factory.mktemp("finished")
-            proc = launch(script.name, script.args(3, runs), nproc=2, timeout=180)
+            args = script.args(sigterm_iterations(script), runs, "--checkpoint-every", 0)
+            proc = launch(script.name, args, nproc=2, timeout=180)
             assert proc.returncode == 0, proc.stdout + proc.stderr
             done[script.name] = only_run_dir(runs)
         return done[script.name]
@@ -294,8 +301,9 @@ def test_elastic_job_grows_when_a_node_joins_and_finishes_alone_after_losing_it(
     """Two torchrun agents on one machine play two nodes (`--nnodes=1:2`, c10d rendezvous).
     - A starts alone: world size 1, 2 envs.
     - B joins: A's agent stops its worker with SIGTERM (a checkpoint, exit 75), and both agents start workers at
-      world size 2, one env each, which resume from it, the replicas compared after every iteration. (A's worker
-      is paused from its first checkpoint until that SIGTERM waits, so the run cannot end before B has joined.)
+      world size 2, one env each (their states split from A's), which resume from it, the replicas compared after
+      every iteration. (A's worker is paused from its first checkpoint until that SIGTERM waits, so the run cannot
+      end before B has joined.)
     - B and its worker are SIGKILLed after a checkpoint at world size 2: A's worker loses its peer (exit 4), A's
       agent restarts it, and it resumes at world size 1 with both envs.
     The job finishes with exit 0 at exactly the requested global step, every TensorBoard step once."""
@@ -309,6 +317,8 @@ def test_elastic_job_grows_when_a_node_joins_and_finishes_alone_after_losing_it(
     wait_until(lambda: signal_pending(worker, signal.SIGTERM), 120, agent_b, "A's agent to stop its worker")
     os.kill(worker, signal.SIGCONT)
     wait_until(lambda: checkpoint_world_size(tmp_path) == 2, 120, agent_a, "a checkpoint at world size 2")
+    grown = load(first_checkpoint(tmp_path))  # A's two envs went on mid-episode, one on each rank
+    assert grown["args"]["local_num_envs"] == 1 and [len(state[0]) for state in grown["rank_state"]] == [1, 1]
     for pid in [*child_pids(agent_b.pid), agent_b.pid]:  # the node dies: its agent and its worker
         os.kill(pid, signal.SIGKILL)
     result, lost = finish(agent_a, 120), finish(agent_b, 30)
@@ -373,12 +383,11 @@ def test_slurm_job_requeued_onto_fewer_tasks_resumes_with_the_same_global_batch(
     ],
     ids=["shared-store", "no-run-id"],
 )
-def test_max_restarts_that_could_not_resume_are_refused(tmp_path, env, pattern):
-    # the variables torchrun --max-restarts=1 sets for its workers (a real torchrun launch would print
-    # the error once per attempt, and cost a launch per attempt)
+def test_max_restarts_that_could_not_resume_are_refused(tmp_path, monkeypatch, env, pattern):
+    # in this process, with the variables torchrun --max-restarts=1 sets for its workers (a real torchrun launch
+    # would print the error once per attempt, and cost a launch per attempt)
     env = {**env, "TORCHELASTIC_MAX_RESTARTS": "1", "TORCHELASTIC_RUN_ID": "none"}
-    proc = launch(PPO.name, PPO.args(3, tmp_path, nproc=0), nproc=0, env=env, timeout=60)
-    assert_one_line_error(proc, pattern, PPO.name)
+    assert re.search(pattern, main_error(monkeypatch, PPO.name, *PPO.args(3, tmp_path, nproc=0), env=env))
     assert not any(tmp_path.iterdir())
 
 
@@ -401,20 +410,15 @@ def assert_same_bits(a, b, where="") -> None:
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_sigterm_then_resume_finishes_and_equals_the_uninterrupted_run(tmp_path, script):
-    """SIGTERM to torchrun: every rank stops at the same iteration after a checkpoint (exit 75); `--resume` alone
-    finishes the run with every TensorBoard step once. Where each rank's envs are checkpointed (EXACT), the
-    resumed run ends bit for bit as the same run without the stop: weights, Adam's moments, every rank's RNG
-    streams and envs (and the continuous script's statistics). Restoring only the weights fails this.
-    The same checkpoint also resumes on one rank (on 4 for ppo_multigpu) with its global batch and schedules.
-    (W&B continuing the same run on resume: tests/test_runtime.py.)"""
-    # room for the signal to land mid-run, after the first checkpoint (iteration 2); off-policy: for updates after the
-    # resume's refill; the Atari scripts' iterations are long enough (a CNN update each) for 20 to leave that room
-    iterations = {SAC: 60, TD3: 60, ATARI: 20, ASYNC: 20, PQN_ATARI: 20}.get(script, 40)
-    steps_per_iter = 2 * script.local_steps
-    if script in EXACT:
-        whole = launch(script.name, script.args(iterations, tmp_path / "whole", "--checkpoint-every", 0), nproc=2)
-        assert whole.returncode == 0, whole.stdout + whole.stderr
+def test_sigterm_then_resume_finishes_and_equals_the_uninterrupted_run(tmp_path, finished_runs, script):
+    """SIGTERM to torchrun: every rank stops at the same iteration after a checkpoint (exit 75). Where each rank's
+    envs are checkpointed (EXACT), `--resume` alone on 2 ranks finishes the run bit for bit as the same run without
+    the stop: weights, Adam's moments, every rank's RNG streams and envs (and the continuous script's statistics).
+    Restoring only the weights fails this. The same checkpoint resumes on one rank (plain python): the global
+    batch, schedules and counters go on, every TensorBoard step logged once (the 2-rank resume of the scripts that
+    reset their envs adds nothing to this: its weights, counters and steps are checked the same way on one rank; a
+    resume onto more ranks: the elastic test below). (W&B continuing the same run on resume: tests/test_runtime.py.)"""
+    iterations, steps_per_iter = sigterm_iterations(script), 2 * script.local_steps
     proc = start(script.name, script.args(iterations, tmp_path / "runs", "--checkpoint-every", 2), nproc=2)
     wait_until(lambda: first_checkpoint(tmp_path / "runs"), 120, proc, "first checkpoint")
     if script in (SAC, TD3):  # stop after updates began, so that the resume must carry the update counters on
@@ -432,44 +436,42 @@ def test_sigterm_then_resume_finishes_and_equals_the_uninterrupted_run(tmp_path,
     assert ckpt["iteration"] == stopped_at < iterations
     assert ckpt["global_step"] == stopped_step == stopped_at * steps_per_iter
 
-    for world_size in OTHER_WORLD_SIZES.get(script, (1,)):  # a requeue onto fewer or more GPUs
-        shutil.copytree(run_dir, tmp_path / f"on-{world_size}" / run_dir.name)
+    def assert_resumed(resumed, run_dir: Path, world_size: int) -> dict:
+        """The resume at `world_size` went on from the checkpoint to exactly the requested step."""
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        assert f"resuming at iteration {stopped_at + 1}" in resumed.stdout
+        assert only_run_dir(run_dir.parent) == run_dir
+        final = load(run_dir / "checkpoint.pt")
+        assert final["world_size"] == world_size and global_sizes(final) == global_sizes(ckpt)
+        assert final["global_step"] == iterations * steps_per_iter
+        assert_steps_complete(run_dir, iterations, script)
+        return final
 
-    # only --resume: the other flags (env, budget, sizes, ...) come from the checkpoint
-    resumed = launch(script.name, ["--resume", run_dir], nproc=2, timeout=180)
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert f"resuming at iteration {stopped_at + 1}" in resumed.stdout
-    assert only_run_dir(tmp_path / "runs") == run_dir
-    final = load(run_dir / "checkpoint.pt")
-    assert final["global_step"] == iterations * steps_per_iter
-    assert_steps_complete(run_dir, iterations, script)
-    if script in (SAC, TD3):  # the counters went on from the checkpoint, and updates waited for the buffer refill
-        assert f"updates restart at global step {stopped_step + 16}" in resumed.stdout
-        refilled = iterations - stopped_at - 16 // steps_per_iter  # iterations with updates after the resume
-        assert final["num_updates"] == ckpt["num_updates"] + 2 * max(refilled, 0) > ckpt["num_updates"] > 0
     if script in EXACT:
-        expected = load(only_run_dir(tmp_path / "whole") / "checkpoint.pt")
+        on_one = tmp_path / "on-1" / run_dir.name
+        shutil.copytree(run_dir, on_one)
+        # only --resume: the other flags (env, budget, sizes, ...) come from the checkpoint
+        final = assert_resumed(launch(script.name, ["--resume", run_dir], nproc=2, timeout=180), run_dir, 2)
+        expected = load(finished_runs(script) / "checkpoint.pt")
         assert expected["global_step"] == final["global_step"]
         for key in ("agent", "q_network", "optimizer", "rng", "obs_stats", "return_stats"):
             if key in expected:
                 assert_same_bits(final[key], expected[key], key)
+        run_dir = on_one
 
-    # The same checkpoint at other world sizes: the per-rank flags are derived again from the global sizes,
-    # so the global envs and batch, the schedules and the global step continue, every step logged once.
-    for world_size in OTHER_WORLD_SIZES.get(script, (1,)):
-        other = tmp_path / f"on-{world_size}" / run_dir.name
-        flags = ["--resume", other, "--sync-check-every", 1]  # replicas compared after every iteration
-        resumed = launch(script.name, flags, nproc=0 if world_size == 1 else world_size, timeout=180)
-        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-        assert f"world size 2 -> {world_size}: global sizes kept" in resumed.stdout
-        on_other = load(other / "checkpoint.pt")
-        assert on_other["world_size"] == world_size and global_sizes(on_other) == global_sizes(final)
-        num_envs = final["sizes"]["num_envs"]
-        assert on_other["args"]["local_num_envs"] == num_envs // world_size
-        if script in EXACT:  # every env went on from where it stopped, on the rank that steps it now
-            assert [len(state[0]) for state in on_other["rank_state"]] == [num_envs // world_size] * world_size
-        assert on_other["global_step"] == iterations * steps_per_iter
-        assert_steps_complete(other, iterations, script)
+    # On one rank (a requeue onto fewer GPUs): the per-rank flags are derived again from the global sizes, so the
+    # global envs and batch, the schedules and the global step continue.
+    resumed = launch(script.name, ["--resume", run_dir], nproc=0, timeout=180)
+    assert "world size 2 -> 1: global sizes kept" in resumed.stdout, resumed.stdout + resumed.stderr
+    final = assert_resumed(resumed, run_dir, 1)
+    num_envs = final["sizes"]["num_envs"]
+    assert final["args"]["local_num_envs"] == num_envs
+    if script in EXACT:  # every env went on from where it stopped, now all on rank 0
+        assert [len(state[0]) for state in final["rank_state"]] == [num_envs]
+    if script in (SAC, TD3):  # the counters went on from the checkpoint, and updates waited for the buffer refill
+        assert f"updates restart at global step {stopped_step + 16}" in resumed.stdout
+        refilled = iterations - stopped_at - 16 // steps_per_iter  # iterations with updates after the resume
+        assert final["num_updates"] == ckpt["num_updates"] + 2 * max(refilled, 0) > ckpt["num_updates"] > 0
 
 
 def test_sigusr1_to_a_plain_python_run_exits_75(tmp_path):
@@ -517,18 +519,20 @@ def corrupt(kind: str, source: Path, target: Path, script: Script) -> str:
         case(PPO, "missing", r"--resume: no checkpoint at .*nowhere", name="missing"),
     ],
 )
-def test_bad_checkpoint_is_one_line_and_left_untouched(tmp_path, finished_runs, script, kind, pattern):
+def test_bad_checkpoint_is_one_line_and_left_untouched(tmp_path, monkeypatch, finished_runs, script, kind, pattern):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     ckpt = run_dir / "checkpoint.pt"
     env_id = corrupt(kind, finished_runs(script) / "checkpoint.pt", ckpt, script)
     before = sha256(ckpt)
     resume = tmp_path / "nowhere" if kind == "missing" else run_dir
-    nproc = 2 if kind == "truncated" else 0  # one 2-rank case: the error travels from rank 0 to rank 1
-    args = script.args(6, tmp_path / "runs", "--resume", resume, nproc=nproc, env_id=env_id)
-    proc = launch(script.name, args, nproc=nproc, timeout=120)
-    assert_one_line_error(proc, pattern, script.name)
-    assert proc.returncode != 0
+    more = sigterm_iterations(script) + 3  # than the finished run: a resume that would train on
+    if kind == "truncated":  # one as a 2-rank command: the error travels from rank 0 to rank 1
+        args = script.args(more, tmp_path / "runs", "--resume", resume, env_id=env_id)
+        assert_one_line_error(launch(script.name, args, nproc=2, timeout=120), pattern, script.name)
+    else:  # the others in this process (helpers.main_error)
+        args = script.args(more, tmp_path / "runs", "--resume", resume, nproc=0, env_id=env_id)
+        assert re.search(pattern, main_error(monkeypatch, script.name, *args))
     assert sha256(ckpt) == before and sorted(os.listdir(run_dir)) == ["checkpoint.pt"]
 
 
@@ -545,12 +549,18 @@ def global_sizes(ckpt: dict) -> dict:
     ],
     ids=["does-not-divide", "other-local-num-envs"],
 )
-def test_resume_that_cannot_keep_the_global_batch_is_one_line(tmp_path, finished_runs, nproc, flags, pattern):
+def test_resume_that_cannot_keep_the_global_batch_is_one_line(
+    tmp_path, monkeypatch, finished_runs, nproc, flags, pattern
+):
     run_dir = tmp_path / "run"
     shutil.copytree(finished_runs(PPO), run_dir)
     before = sha256(run_dir / "checkpoint.pt")
-    proc = launch(PPO.name, ["--resume", run_dir, *flags], nproc=nproc, timeout=120)
-    assert_one_line_error(proc, pattern, PPO.name)
+    if nproc:
+        assert_one_line_error(
+            launch(PPO.name, ["--resume", run_dir, *flags], nproc=nproc, timeout=120), pattern, PPO.name
+        )
+    else:  # in this process
+        assert re.search(pattern, main_error(monkeypatch, PPO.name, "--resume", run_dir, *flags))
     assert sha256(run_dir / "checkpoint.pt") == before
 
 
@@ -562,9 +572,9 @@ def test_unwritable_run_directory_is_one_line(tmp_path):
     assert blocker.read_text() == "not a directory"
 
 
-def test_invalid_dist_timeout_is_one_line(tmp_path):
-    proc = launch(PPO.name, [*PPO.args(3, tmp_path, nproc=0), "--dist-timeout", 0], nproc=0, timeout=60)
-    assert_one_line_error(proc, r"--dist-timeout must be positive", PPO.name)
+def test_invalid_dist_timeout_is_one_line(tmp_path, monkeypatch):
+    message = main_error(monkeypatch, PPO.name, *PPO.args(3, tmp_path, nproc=0), "--dist-timeout", 0)
+    assert "--dist-timeout must be positive" in message  # in this process (2 ranks: tests/test_bad_inputs.py)
 
 
 @pytest.mark.parametrize("script", [case(PPO)])
@@ -578,7 +588,8 @@ def test_full_disk_while_saving_keeps_the_previous_checkpoint(tmp_path, finished
     def small_disk():  # runs in the child: Python ignores SIGXFSZ, so writes past the limit raise EFBIG
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    args = script.args(6, tmp_path / "runs", "--checkpoint-every", 1, "--resume", run_dir)
+    more = sigterm_iterations(script) + 3  # than the finished run: its next iteration saves
+    args = script.args(more, tmp_path / "runs", "--checkpoint-every", 1, "--resume", run_dir)
     proc = start(script.name, args, nproc=2, preexec_fn=small_disk)
     result = finish(proc, 120)
     assert_one_line_error(
