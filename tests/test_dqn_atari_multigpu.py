@@ -7,7 +7,7 @@ from collections import deque
 import numpy as np
 import pytest
 import torch
-from helpers import REPO, assert_one_line_error, launch, only_run_dir, read_scalars
+from helpers import REPO, launch, main_error, only_run_dir, read_scalars
 
 from cleanrl_ddp.atari import ale_game
 from cleanrl_ddp.dqn_atari_multigpu import Args, FrameReplayBuffer, derive_sizes, life_lost, linear_schedule, td_loss
@@ -203,14 +203,12 @@ def test_training_updates_and_keeps_every_rank_identical(tmp_path, nproc):
         assert "reached --target-return -1000.0 at global step 128" in proc.stdout
 
 
-def test_resume_refills_the_buffer_then_continues(tmp_path):
+def test_resume_refills_the_buffer_then_continues(tmp_path, monkeypatch):
     # a finished 1-process run (128 steps, 4 updates), resumed to 256 steps: the replay memory is not saved,
     # so updates restart --learning-starts (100) steps after the checkpoint, at 232, 240, 248 and 256
     first = launch(SCRIPT, [*TINY, "--runs-dir", tmp_path, "--total-timesteps", 128], nproc=0, timeout=240)
     assert first.returncode == 0, first.stdout + first.stderr
     run_dir = only_run_dir(tmp_path)
-    done = launch(SCRIPT, ["--resume", run_dir], nproc=0, timeout=240)  # a finished run: one line, nothing written
-    assert_one_line_error(done, r"has finished: its checkpoint is at global step 128", SCRIPT)
     again = launch(SCRIPT, ["--resume", run_dir, "--total-timesteps", 256], nproc=0, timeout=240)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "resuming at iteration 65, global step 128" in again.stdout
@@ -220,6 +218,10 @@ def test_resume_refills_the_buffer_then_continues(tmp_path):
     updates = read_scalars(run_dir)["charts/updates"]  # every logged step once (purge_step), counts carried over
     assert [s for s, _ in updates] == list(range(32, 257, 32))
     assert [v for _, v in updates] == [0, 0, 0, 4, 4, 4, 4, 8]
+    files = sorted(p.name for p in run_dir.iterdir())
+    done = main_error(monkeypatch, SCRIPT, "--resume", run_dir)  # a finished run: refused in this process
+    assert "has finished: its checkpoint is at global step 256" in done
+    assert sorted(p.name for p in run_dir.iterdir()) == files  # nothing written
 
 
 @pytest.mark.parametrize(
@@ -231,7 +233,6 @@ def test_resume_refills_the_buffer_then_continues(tmp_path):
     ],
     ids=["unknown-env", "tiny-buffer", "target-without-eval"],
 )
-def test_bad_input_is_one_clear_line(tmp_path, args, pattern):
-    proc = launch(SCRIPT, [*args, "--runs-dir", tmp_path], nproc=0, timeout=120)
-    assert_one_line_error(proc, pattern, SCRIPT)
+def test_bad_input_is_one_clear_line(tmp_path, monkeypatch, args, pattern):
+    assert pattern in main_error(monkeypatch, SCRIPT, *args, "--runs-dir", tmp_path)  # in this process
     assert not any(tmp_path.iterdir())  # nothing written

@@ -2,6 +2,7 @@
 `python -m cleanrl_ddp.evaluate` command, --capture-video, W&B offline runs and TensorBoard's config text."""
 
 import importlib
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -9,9 +10,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from helpers import REPO, event_files, launch, only_run_dir, read_scalars, wandb_offline_runs
+from helpers import REPO, event_files, launch, main_error, only_run_dir, read_scalars, wandb_offline_runs
 
 from cleanrl_ddp import evals
+from cleanrl_ddp.evaluate import EvalError
+from cleanrl_ddp.evaluate import main as evaluate_main
 
 TINY = ["--local-num-envs", "2", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "2"]
 CONTINUOUS_TINY = ["--env-id", "InvertedPendulum-v5", "--local-num-envs", "1", "--num-steps", "64"]
@@ -24,8 +27,17 @@ DQN_TINY += ["--log-every", "32", "--eval-epsilon", "1.0"]  # a random evaluatio
 
 
 def evaluate(*args, timeout=120):
+    """The evaluate command (`python -m cleanrl_ddp.evaluate`)."""
     cmd = [sys.executable, "-m", "cleanrl_ddp.evaluate", *(str(a) for a in args)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+def evaluate_here(capsys, *args) -> str:
+    """What the evaluate command prints, from its main() in this process (the command itself, its exit code and its
+    one-line errors: the first test and test_evaluate_rejects_bad_checkpoints_in_one_line)."""
+    capsys.readouterr()
+    assert evaluate_main([str(a) for a in args]) == 0
+    return capsys.readouterr().out
 
 
 def tensorboard_text(run_dir, tag: str) -> str:
@@ -91,8 +103,8 @@ def test_eval_video_wandb_and_evaluate_command(tmp_path):
     assert (out_dir / "evaluate-step512.mp4").is_file()
     assert sorted(p.name for p in (run_dir / "videos").iterdir()) == ["eval-step512.mp4"]
     assert len(event_files(run_dir)) == 1 and tensorboard_images(run_dir, "eval/video") == [512]
-    again = evaluate(run_dir, "--episodes", 1, "--capture-video", "--out-dir", out_dir)
-    assert again.returncode == 2 and "evaluate-step512.mp4 exists: pass another --out-dir" in again.stderr
+    with pytest.raises(EvalError, match="evaluate-step512.mp4 exists: pass another --out-dir"):
+        evaluate_main([str(run_dir), "--episodes", "1", "--capture-video", "--out-dir", str(out_dir)])
 
 
 # script: (flags, the global step of the first evaluation); ppo_multigpu.py's stop: its CartPole learning test
@@ -103,7 +115,7 @@ STOP_RUNS = {
 
 
 @pytest.mark.parametrize("script", STOP_RUNS)
-def test_target_return_stops_every_rank_at_the_same_iteration(tmp_path, script):
+def test_target_return_stops_every_rank_at_the_same_iteration(tmp_path, capsys, script):
     """Every return is >= 0: the first evaluation stops the 2-rank Atari job, with a final checkpoint. The run
     records it (frames written by hand: ALE's vector env cannot render), and the evaluate command plays the
     checkpoint and records a video of its own (CartPole's video: the first test; ppo_multigpu.py's stop at a
@@ -124,10 +136,9 @@ def test_target_return_stops_every_rank_at_the_same_iteration(tmp_path, script):
     assert tensorboard_images(run_dir, "eval/video") == [step]
 
     out_dir = tmp_path.parent / f"{tmp_path.name}-evaluation"
-    proc = evaluate(run_dir, "--episodes", 2, "--capture-video", "--out-dir", out_dir, "--log-to-run")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"{script[:-3]} BreakoutNoFrameskip-v4 at global step {step}: return " in proc.stdout
-    assert "over 2 sampled episodes" in proc.stdout  # the runs' own default (DQN: its --eval-epsilon 1.0)
+    out = evaluate_here(capsys, run_dir, "--episodes", 2, "--capture-video", "--out-dir", out_dir, "--log-to-run")
+    assert f"{script[:-3]} BreakoutNoFrameskip-v4 at global step {step}: return " in out
+    assert "over 2 sampled episodes" in out  # the runs' own default (DQN: its --eval-epsilon 1.0)
     assert (out_dir / f"evaluate-step{step}.mp4").stat().st_size > 1000
     assert tensorboard_images(run_dir, "eval/video") == [step, step]  # the run's, and (--log-to-run) evaluate's
 
@@ -141,7 +152,7 @@ PQN_RUNS = {
 
 
 @pytest.mark.parametrize("script", PQN_RUNS)
-def test_pqn_evaluation_video_and_evaluate_command(tmp_path, script):
+def test_pqn_evaluation_video_and_evaluate_command(tmp_path, capsys, script):
     flags, step, policy = PQN_RUNS[script]
     args = [*flags, "--total-timesteps", step, "--eval-every", step, "--eval-episodes", 2, "--capture-video"]
     proc = launch(script, [*args, "--runs-dir", tmp_path / "runs"], nproc=0, timeout=120)
@@ -150,11 +161,10 @@ def test_pqn_evaluation_video_and_evaluate_command(tmp_path, script):
     assert [s for s, _ in read_scalars(run_dir)["eval/episodic_return"]] == [step]
     assert (run_dir / f"videos/eval-step{step}.mp4").stat().st_size > 1000
     assert tensorboard_images(run_dir, "eval/video") == [step]
-    proc = evaluate(run_dir, "--episodes", 2, "--capture-video", "--out-dir", tmp_path / "evaluation")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = evaluate_here(capsys, run_dir, "--episodes", 2, "--capture-video", "--out-dir", tmp_path / "evaluation")
     env_id = "BreakoutNoFrameskip-v4" if "atari" in script else "CartPole-v1"
-    assert f"{script[:-3]} {env_id} at global step {step}: return " in proc.stdout, proc.stdout
-    assert f"over 2 {policy} episodes" in proc.stdout, proc.stdout  # the run's own default policy
+    assert f"{script[:-3]} {env_id} at global step {step}: return " in out, out
+    assert f"over 2 {policy} episodes" in out, out  # the run's own default policy
     assert (tmp_path / "evaluation" / f"evaluate-step{step}.mp4").stat().st_size > 1000
 
 
@@ -183,7 +193,7 @@ def test_atari_evaluation_keeps_training_streams_and_records_the_game(tmp_path, 
     assert video["path"] == str(tmp_path / "videos/game.mp4") and (tmp_path / "videos/game.mp4").stat().st_size > 1000
 
 
-def test_continuous_target_return_and_evaluate_with_normalisation(tmp_path):
+def test_continuous_target_return_and_evaluate_with_normalisation(tmp_path, capsys):
     pytest.importorskip("mujoco")
     args = [*CONTINUOUS_TINY, "--runs-dir", tmp_path, "--total-timesteps", 512, "--eval-every", 128]
     proc = launch(
@@ -195,10 +205,9 @@ def test_continuous_target_return_and_evaluate_with_normalisation(tmp_path):
     ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert ckpt["iteration"] == 1 and ckpt["agent_kwargs"] == dict(obs_dim=4, action_dim=1)
     assert [step for step, _ in read_scalars(run_dir)["eval/episodic_return"]] == [128]
-    proc = evaluate(run_dir, "--episodes", 2)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "ppo_continuous_action_multigpu InvertedPendulum-v5 at global step 128: return " in proc.stdout
-    assert "over 2 greedy episodes" in proc.stdout
+    out = evaluate_here(capsys, run_dir, "--episodes", 2)
+    assert "ppo_continuous_action_multigpu InvertedPendulum-v5 at global step 128: return " in out
+    assert "over 2 greedy episodes" in out
 
 
 @pytest.mark.parametrize("problem", ["missing", "corrupt", "foreign", "other-script"])
@@ -210,13 +219,18 @@ def test_evaluate_rejects_bad_checkpoints_in_one_line(tmp_path, problem):
         torch.save({"model": torch.zeros(3)}, path)
     elif problem == "other-script":
         torch.save({"script": "ppo_atari_multigpu", "args": {}}, path)  # an old checkpoint, without agent_kwargs
-    proc = evaluate(tmp_path if problem == "missing" else path)
+    target = tmp_path if problem == "missing" else path
     expected = {
         "missing": "no checkpoint at",
         "corrupt": "is truncated or corrupt",
         "foreign": "is not a checkpoint of a cleanrl_ddp script",
         "other-script": "has no agent_kwargs (written by an older ppo_atari_multigpu); it cannot be evaluated",
     }[problem]
+    if problem != "corrupt":  # in this process: the error that the command prints as one line
+        with pytest.raises(EvalError, match=re.escape(expected)):
+            evaluate_main([str(target)])
+        return
+    proc = evaluate(target)  # one as the command
     lines = (proc.stdout + proc.stderr).strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stdout + proc.stderr
     assert lines[0].startswith("evaluate: error: ") and expected in lines[0], lines[0]
@@ -232,8 +246,7 @@ def test_evaluate_rejects_bad_checkpoints_in_one_line(tmp_path, problem):
         ("dqn_atari_multigpu.py", "--capture-video"),  # its --target-return: tests/test_dqn_atari_multigpu.py
     ],
 )
-def test_eval_flags_are_checked(script, flag):
-    from helpers import assert_one_line_error
-
-    proc = launch(script, [flag, 10] if flag == "--target-return" else [flag], nproc=0, timeout=120)
-    assert_one_line_error(proc, f"{flag} needs --eval-every", script)
+def test_eval_flags_are_checked(tmp_path, monkeypatch, script, flag):
+    flags = [flag, 10] if flag == "--target-return" else [flag]
+    assert f"{flag} needs --eval-every" in main_error(monkeypatch, script, *flags, "--runs-dir", tmp_path)
+    assert not any(tmp_path.iterdir())
