@@ -2,11 +2,12 @@
 bad input, and learning CartPole."""
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
 import torch
-from helpers import assert_one_line_error, launch, only_run_dir, read_scalars
+from helpers import assert_one_line_error, launch, main_error, only_run_dir, read_scalars
 
 from cleanrl_ddp.ppo_multigpu import Args, compute_gae, derive_sizes, normalize_advantages, ppo_loss
 
@@ -97,21 +98,37 @@ def test_ppo_loss_matches_hand_computation():
     assert stats["clipfrac"].item() == pytest.approx(0.5)  # clipfrac: one of two ratios outside [0.8, 1.2]
 
 
-@pytest.mark.parametrize("nproc", [0, 2], ids=["python", "torchrun-2"])
-def test_training_runs_and_logs(tmp_path, nproc):
-    world = max(nproc, 1)
-    iterations = 3
-    total = iterations * world * 2 * 32
-    proc = launch(SCRIPT, [*TINY, "--total-timesteps", total, "--runs-dir", tmp_path], nproc=nproc)
+@pytest.fixture(scope="module")
+def cartpole_run(tmp_path_factory):
+    """The 2-rank run that learns CartPole (test_learns_cartpole_with_two_ranks): (its output, its run directory)."""
+    runs = tmp_path_factory.mktemp("cartpole")
+    flags = ["--total-timesteps", 160_000, "--learning-rate", 1e-3, "--checkpoint-every", 0]
+    flags += ["--eval-every", 8192, "--eval-episodes", 10, "--target-return", 450]
+    proc = launch(SCRIPT, [*flags, "--runs-dir", runs], nproc=2, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    scalars = read_scalars(only_run_dir(tmp_path))
+    return proc, only_run_dir(runs)
+
+
+@pytest.mark.parametrize("nproc", [0, 2], ids=["python", "torchrun-2"])
+def test_training_runs_and_logs(tmp_path, nproc, request):
+    """One process, 3 iterations of TINY; 2 ranks: the CartPole learning run (4 envs x 128 steps per rank, 4 epochs
+    of 4 minibatches)."""
+    if nproc == 0:
+        batch, updates = 2 * 32, 2 * 2
+        proc = launch(SCRIPT, [*TINY, "--total-timesteps", 3 * batch, "--runs-dir", tmp_path], nproc=0)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        run_dir = only_run_dir(tmp_path)
+    else:
+        (proc, run_dir), batch, updates = request.getfixturevalue("cartpole_run"), 2 * 4 * 128, 4 * 4
+    iterations = torch.load(run_dir / "checkpoint.pt", weights_only=True)["iteration"]
+    assert iterations >= 3
+    scalars = read_scalars(run_dir)
     steps = [s for s, _ in scalars["losses/value_loss"]]
-    assert steps == [i * world * 64 for i in range(1, iterations + 1)]  # global steps, one per update
-    assert all(v == 2 * 2 for _, v in scalars["charts/updates_per_iteration"])
+    assert steps == [i * batch for i in range(1, iterations + 1)]  # global steps, one per update
+    assert all(v == updates for _, v in scalars["charts/updates_per_iteration"])
     for tag in ("losses/policy_loss", "losses/entropy", "losses/approx_kl", "charts/SPS", "charts/episodic_return"):
         assert tag in scalars, sorted(scalars)
     assert all(np.isfinite(v) for _, v in scalars["charts/episodic_return"])
-    assert (only_run_dir(tmp_path) / "checkpoint.pt").is_file()
 
 
 @pytest.mark.parametrize(
@@ -125,32 +142,31 @@ def test_training_runs_and_logs(tmp_path, nproc):
     ],
     ids=["indivisible", "zero-envs", "tiny-budget", "unknown-env", "continuous-env"],
 )
-def test_bad_input_is_one_clear_line(tmp_path, args, pattern):
-    nproc = 2 if "--num-minibatches" in args else 0  # one 2-rank case: every rank fails, rank 0 alone says it
-    proc = launch(SCRIPT, [*args, "--runs-dir", tmp_path], nproc=nproc, timeout=120)
-    assert_one_line_error(proc, pattern, SCRIPT)
+def test_bad_input_is_one_clear_line(tmp_path, monkeypatch, args, pattern):
+    if "--num-minibatches" in args:  # one case as a 2-rank command: every rank fails, rank 0 alone says it
+        proc = launch(SCRIPT, [*args, "--runs-dir", tmp_path], nproc=2, timeout=120)
+        assert_one_line_error(proc, pattern, SCRIPT)
+    else:  # the others in this process (helpers.main_error)
+        assert re.search(pattern, main_error(monkeypatch, SCRIPT, *args, "--runs-dir", tmp_path))
     assert not any(tmp_path.iterdir())  # nothing written
 
 
-def test_learns_cartpole_with_two_ranks(tmp_path):
+def test_learns_cartpole_with_two_ranks(cartpole_run):
     """2 ranks: rank 0's greedy policy, evaluated on 10 episodes every 8,192 steps, reaches a mean return of 450 (of
     500; a random policy scores about 22) within 160k steps, and --target-return stops the run there (about 25k:
     7 s instead of 25 s for the whole budget)."""
-    flags = ["--total-timesteps", 160_000, "--learning-rate", 1e-3, "--checkpoint-every", 0]
-    flags += ["--eval-every", 8192, "--eval-episodes", 10, "--target-return", 450]
-    proc = launch(SCRIPT, [*flags, "--runs-dir", tmp_path], nproc=2, timeout=240)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    scalars = read_scalars(only_run_dir(tmp_path))
+    proc, run_dir = cartpole_run
+    scalars = read_scalars(run_dir)
     *_, (step, evaluated) = scalars["eval/episodic_return"]
     assert evaluated >= 450 and f"reached --target-return 450.0 at global step {step};" in proc.stdout, proc.stdout
     assert step < 160_000  # stopped early: it learned, not merely ran out of budget
     # the stop itself (tests/test_evaluation.py, for the Atari scripts): every rank stopped at the evaluation's
     # iteration, after a final checkpoint
-    assert torch.load(only_run_dir(tmp_path) / "checkpoint.pt", weights_only=True)["global_step"] == step
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["global_step"] == step
     assert max(s for s, _ in scalars["charts/SPS"]) == step  # no rank went on training
 
 
-def test_resume_takes_sizes_from_the_checkpoint(tmp_path):
+def test_resume_takes_sizes_from_the_checkpoint(tmp_path, monkeypatch):
     # A tiny run, then extended with only --total-timesteps: the size flags come from the checkpoint
     # (the defaults, 4 envs x 128 steps, would not even fit one iteration into this budget).
     first = launch(SCRIPT, [*TINY, "--total-timesteps", 128, "--runs-dir", tmp_path], nproc=0)
@@ -162,8 +178,6 @@ def test_resume_takes_sizes_from_the_checkpoint(tmp_path):
     steps = [s for s, _ in read_scalars(run_dir)["losses/value_loss"]]
     assert steps == [64, 128, 192, 256]
     files = sorted(p.name for p in run_dir.iterdir())
-    done = launch(SCRIPT, ["--resume", run_dir], nproc=0)  # a finished run: one line, before any log is opened
-    assert_one_line_error(
-        done, r"has finished: its checkpoint is at global step 256, and --total-timesteps 256", SCRIPT
-    )
+    done = main_error(monkeypatch, SCRIPT, "--resume", run_dir)  # a finished run: refused before any log is opened
+    assert "has finished: its checkpoint is at global step 256, and --total-timesteps 256" in done
     assert sorted(p.name for p in run_dir.iterdir()) == files
