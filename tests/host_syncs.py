@@ -397,24 +397,45 @@ def _attribute(events: list, local_num_envs: int, loops: list) -> Counts:
     return counts
 
 
-def count_in_subprocess(script: str, argv: list, local_num_envs: int, timeout: float = 300) -> Counts:
-    """`count_host_syncs` in a fresh interpreter: a script's threads (ALE's) and global state stay out of pytest's."""
-    cmd = [sys.executable, "-m", "tests.host_syncs", script, str(local_num_envs), *map(str, argv)]
+def count_in_subprocess(runs: dict, timeout: float = 900) -> dict:
+    """`count_host_syncs` of several scripts in one fresh interpreter, one after the other (one start-up): a script's
+    threads (ALE's) and global state stay out of pytest's. `runs`: {script: (local_num_envs, argv)}; returns
+    {script: Counts, or the text of the error its run raised}."""
+    cmd = [sys.executable, "-m", "tests.host_syncs", "--json", json.dumps(runs, default=str)]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}  # counts do not depend on threads
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
     if proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    data = json.loads(proc.stdout.splitlines()[-1])
-    counts = Counts(markers=Counter(data["markers"]))
-    for key, n in data["waits"].items():
-        counts.waits[tuple(key.split("/"))] = n
-    for key, sites in data["sites"].items():
-        counts.sites[tuple(key.split("/"))] = Counter(sites)
-    return counts
+    results = {}
+    for script, data in json.loads(proc.stdout.splitlines()[-1]).items():
+        if isinstance(data, str):
+            results[script] = data
+            continue
+        counts = results[script] = Counts(markers=Counter(data["markers"]))
+        for key, n in data["waits"].items():
+            counts.waits[tuple(key.split("/"))] = n
+        for key, sites in data["sites"].items():
+            counts.sites[tuple(key.split("/"))] = Counter(sites)
+    return results
 
 
-if __name__ == "__main__":  # python -m tests.host_syncs SCRIPT LOCAL_NUM_ENVS [flags...]: the counts as JSON
-    result = count_host_syncs(sys.argv[1], sys.argv[3:], int(sys.argv[2]))
-    waits = {"/".join(key): n for key, n in result.waits.items()}
-    sites = {"/".join(key): dict(c) for key, c in result.sites.items()}
-    print(json.dumps(dict(markers=result.markers, waits=waits, sites=sites)))
+def as_json(counts: Counts) -> dict:
+    waits = {"/".join(key): n for key, n in counts.waits.items()}
+    return dict(markers=counts.markers, waits=waits, sites={"/".join(key): dict(c) for key, c in counts.sites.items()})
+
+
+if __name__ == "__main__":
+    # python -m tests.host_syncs SCRIPT LOCAL_NUM_ENVS [flags...]: the counts as JSON;
+    # python -m tests.host_syncs --json '{"SCRIPT": [LOCAL_NUM_ENVS, [flags...]], ...}': each script's, or its error
+    if sys.argv[1] != "--json":
+        print(json.dumps(as_json(count_host_syncs(sys.argv[1], sys.argv[3:], int(sys.argv[2])))))
+    else:
+        import traceback
+
+        results = {}
+        for script, (local_num_envs, argv) in json.loads(sys.argv[2]).items():
+            try:
+                results[script] = as_json(count_host_syncs(script, argv, local_num_envs))
+            except BaseException:  # noqa: B036 (a script's SystemExit too): reported with its script
+                results[script] = traceback.format_exc()
+        print(json.dumps(results))

@@ -5,13 +5,13 @@ equal to one process on the union, ddp == flat, schedules) are in tests/test_dis
 resume and the world-size change in tests/test_fault_tolerance.py.
 """
 
-import subprocess
-import sys
+import re
 
 import pytest
 import torch
-from helpers import REPO, assert_one_line_error, launch, only_run_dir, read_scalars
+from helpers import launch, main_error, only_run_dir, read_scalars
 
+from cleanrl_ddp import evaluate
 from cleanrl_ddp.runtime import RunError
 from cleanrl_ddp.sac_continuous_action_multigpu import Args, derive_sizes
 
@@ -43,13 +43,12 @@ def test_sizes_keep_cleanrls_replay_ratio_by_default():
     ],
     ids=["discrete-env", "no-updates"],
 )
-def test_bad_input_is_one_line(tmp_path, flags, pattern):
-    proc = launch(SCRIPT, [*flags, "--runs-dir", tmp_path], nproc=0, timeout=120)
-    assert_one_line_error(proc, pattern, SCRIPT)
+def test_bad_input_is_one_line(tmp_path, monkeypatch, flags, pattern):
+    assert re.search(pattern, main_error(monkeypatch, SCRIPT, *flags, "--runs-dir", tmp_path))  # in this process
     assert not any(tmp_path.iterdir())
 
 
-def test_two_ranks_learn_pendulum(tmp_path):
+def test_two_ranks_learn_pendulum(tmp_path, capsys):
     """2 ranks x 1 env, the default replay ratio (one update of the global batch 256 per iteration): rank 0's
     deterministic actor, evaluated every 500 steps, swings the pendulum up (a random policy scores about -1,200)
     within 10k steps, and --target-return stops the run there (about 7k); the evaluate command plays the checkpoint
@@ -66,8 +65,8 @@ def test_two_ranks_learn_pendulum(tmp_path):
     assert ckpt["global_step"] == step and ckpt["agent_kwargs"]["action_high"] == [2.0]
     assert ckpt["num_updates"] == (step - 1000) // 2  # one update per iteration of 2 global steps
 
-    evaluate = [sys.executable, "-m", "cleanrl_ddp.evaluate", only_run_dir(tmp_path), "--episodes", "2"]
-    proc = subprocess.run(evaluate, capture_output=True, text=True, timeout=120, cwd=REPO)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"sac_continuous_action_multigpu Pendulum-v1 at global step {step}: return " in proc.stdout
-    assert "over 2 greedy episodes" in proc.stdout
+    capsys.readouterr()  # the evaluate command's main(), in this process (the command: tests/test_evaluation.py)
+    assert evaluate.main([str(only_run_dir(tmp_path)), "--episodes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert f"sac_continuous_action_multigpu Pendulum-v1 at global step {step}: return " in out
+    assert "over 2 greedy episodes" in out
