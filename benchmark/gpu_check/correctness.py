@@ -301,12 +301,8 @@ def checkpoint_differences(a: Path, b: Path) -> tuple[list[str], int]:
 
 def graphs_runs(row: Graphs) -> dict:
     """The first runs of `graphs:` for a script's row, all at once: run -> (processes, its flags)."""
-    runs = {
-        "eager": (1, ["--no-cudagraphs", "--total-timesteps", row.total]),
-        "graphs": (1, ["--cudagraphs", "--total-timesteps", row.total]),
-        # twice as long: it cannot finish before the signal lands
-        "stopped": (1, ["--cudagraphs", "--total-timesteps", 2 * row.total, "--checkpoint-every", row.stop_every]),
-    }
+    runs = {"eager": (1, ["--no-cudagraphs"]), "graphs": (1, ["--cudagraphs"])}
+    runs = {run: (1, [*flags, "--total-timesteps", row.total]) for run, (_, flags) in runs.items()}
     two_ranks = ["--total-timesteps", row.total2, "--backend", "gloo", "--sync-check-every", 1]
     for sync in row.ranks2:
         for graphed in (False, True) if sync == row.ranks2[0] else (True,):
@@ -316,8 +312,9 @@ def graphs_runs(row: Graphs) -> dict:
 
 
 def graphs_pairs(row: Graphs) -> list[tuple[str, str]]:
-    """The runs of `graphs:` whose final checkpoints must be bitwise equal: at world size 1, the two resumes of the
-    stopped run, and at 2 ranks each --cudagraphs run against the first --grad-sync's --no-cudagraphs one."""
+    """The runs of `graphs:` whose final checkpoints must be bitwise equal: at world size 1, the --cudagraphs run's
+    checkpoint trained on with and without the flag, and at 2 ranks each --cudagraphs run against the first
+    --grad-sync's --no-cudagraphs one."""
     pairs = [("eager", "graphs"), ("resumed-eager", "resumed-graphs")]
     return pairs + [(f"eager-2-{row.ranks2[0]}", f"graphs-2-{sync}") for sync in row.ranks2]
 
@@ -325,9 +322,9 @@ def graphs_pairs(row: Graphs) -> list[tuple[str, str]]:
 def check_graphs(c: Check, script: str) -> Result:
     """--cudagraphs against --no-cudagraphs from the same seeds (docs/benchmarks.md#graphs), the runs of the script's
     row in `Sizes.graphs`: at world size 1; on 2 ranks sharing the device (gloo) for each --grad-sync of the row,
-    each against the first one's --no-cudagraphs run; and a --cudagraphs run stopped by SIGTERM after a checkpoint,
-    resumed once with and once without the flag. Every pair's final checkpoints are bitwise equal (the same kernels
-    replay, the same random numbers), every entry but the flags."""
+    each against the first one's --no-cudagraphs run; and the --cudagraphs run's final checkpoint resumed with a
+    larger --total-timesteps once with and once without the flag. Every pair's final checkpoints are bitwise equal
+    (the same kernels replay, the same random numbers), every entry but the flags."""
     name, stem = f"graphs:{script}", script.removesuffix(".py")
     row = c.sizes.graphs.get(script)
     if row is None:
@@ -336,33 +333,26 @@ def check_graphs(c: Check, script: str) -> Result:
         return Result(name, "skip", missing(script))
     if not has_flag(script, "cudagraphs"):
         return Result(name, "skip", "its Args has no cudagraphs field: no --cudagraphs path to compare")
-    base = [*shlex.split(row.flags), "--seed", 1, *c.device_flags]
+    run_dir = {run: c.runs / f"check-graphs-{stem}-{run}" for pair in graphs_pairs(row) for run in pair}
     # its runs share the machine, as the checks of a step do: one thread a process (runner.step_env)
     env, procs = {**c.env, "OMP_NUM_THREADS": "1"}, {}
     for run, (nproc, extra) in graphs_runs(row).items():
-        names = ["--runs-dir", c.runs, "--run-name", f"check-graphs-{stem}-{run}"]
-        cmd = c.command(script, [*base, *extra, *names], nproc)
-        cmd += [] if "--checkpoint-every" in extra else ["--checkpoint-every", "0"]
+        flags = [*shlex.split(row.flags), "--seed", 1, *c.device_flags, *extra, "--checkpoint-every", 0]
+        cmd = c.command(script, [*flags, "--runs-dir", c.runs, "--run-name", run_dir[run].name], nproc)
         procs[run] = c.start(f"{name} {run}", cmd, env)
-    stopped = c.runs / f"check-graphs-{stem}-stopped"
-    stop_after_checkpoint(c, name, procs["stopped"], stopped)
-    outs = {"stopped": c.finish(f"{name} stopped", procs["stopped"])}
-    stopped_at = re.search(PREEMPTED, outs["stopped"][1])
-    resumes = ("resumed-eager", "resumed-graphs") if stopped_at else ()
-    for run in resumes:  # beside the runs still going
-        shutil.copytree(stopped, c.runs / f"check-graphs-{stem}-{run}")
-        flag = "--cudagraphs" if run == "resumed-graphs" else "--no-cudagraphs"
-        cmd = [*c.command(script, ["--resume", c.runs / f"check-graphs-{stem}-{run}", flag]), *c.device_flags]
-        procs[run] = c.start(f"{name} {run}", [*cmd, "--checkpoint-every", "0"], env)
-    outs |= {run: c.finish(f"{name} {run}", proc) for run, proc in procs.items() if run != "stopped"}
+    outs = {"graphs": c.finish(f"{name} graphs", procs.pop("graphs"))}
+    if outs["graphs"][0] == 0:  # its checkpoint trained on, with and without the flag, beside the runs still going
+        for run, flag in (("resumed-eager", "--no-cudagraphs"), ("resumed-graphs", "--cudagraphs")):
+            shutil.copytree(run_dir["graphs"], run_dir[run])
+            flags = ["--resume", run_dir[run], flag, "--total-timesteps", 2 * row.total, *c.device_flags]
+            procs[run] = c.start(f"{name} {run}", c.command(script, [*flags, "--checkpoint-every", 0]), env)
+    outs |= {run: c.finish(f"{name} {run}", proc) for run, proc in procs.items()}
     for run, (code, out) in outs.items():  # every run finished first: none is left running
-        if code != 0 and not (run == "stopped" and stopped_at):
+        if code != 0:
             return c.failed(name, code, out, f"the {run} run exited {code}", f"{name} {run}")
-    if stopped_at is None:
-        return c.failed(name, 0, outs["stopped"][1], "the stopped run was not stopped by SIGTERM", f"{name} stopped")
     tensors = []
     for a, b in graphs_pairs(row):
-        differ, compared = checkpoint_differences(*(c.runs / f"check-graphs-{stem}-{run}" for run in (a, b)))
+        differ, compared = checkpoint_differences(run_dir[a], run_dir[b])
         tensors.append(compared)
         if differ:
             why = f"{b} differs from {a} in {len(differ)} entries, largest relative difference: {'; '.join(differ[:4])}"
@@ -371,8 +361,8 @@ def check_graphs(c: Check, script: str) -> Result:
     return Result(
         name,
         "ok",
-        f"--cudagraphs bitwise equal to --no-cudagraphs at world size 1 (global step {row.total}){two}, and resumed "
-        f"from global step {stopped_at.group(1)} with and without it: every checkpoint entry but the flags "
+        f"--cudagraphs bitwise equal to --no-cudagraphs at world size 1 (global step {row.total}){two}, and its "
+        f"checkpoint trained on to {2 * row.total} with and without it: every checkpoint entry but the flags "
         f"({tensors[0]} tensors at world size 1)",
     )
 

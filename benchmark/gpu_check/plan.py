@@ -16,8 +16,8 @@ ESTIMATES = {
     "script": 26,  # 20-26 s each, 9 at once (9 s alone)
     "throughput": 195,  # 35 s (8 envs) + 35 (profile) + 23 (CleanRL) + 53 (LeanRL) + 49 (64 envs)
     f"graphs:{ATARI}": 100,  # 6 runs at once, then 2 resumes: 146 s beside 12 checks at 16 threads a process
-    # SAC's and TD3's: 4 runs at once took 62-63 s; a stopped run beside them and two resumes after (one start-up
-    # and about 800 steps each, not measured yet): about 30 s more
+    # SAC's and TD3's: 4 runs at once took 62-63 s; then two resumes of 600 more steps (one start-up each, beside
+    # the 2-rank runs; not measured yet): about 25 s more
     "graphs": 90,
     "gloo": 40,  # 31 s (Atari PPO) and 39 s (SAC), beside the other checks of the step
     "flat": 40,  # 37 and 40 s

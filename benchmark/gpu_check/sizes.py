@@ -52,8 +52,7 @@ class Graphs:
     """`graphs:<script>`: the runs whose final checkpoints must be bitwise equal with --cudagraphs and without."""
 
     flags: str  # every run's flags (a float32 learning rate where the optimizer's rate is a tensor: `GRAPH_LR`)
-    total: int  # the global step of the runs at world size 1; the run stopped by SIGTERM is given twice as many
-    stop_every: int  # the stopped run's --checkpoint-every (in the script's unit: iterations or global steps)
+    total: int  # the global step of the runs at world size 1; the --cudagraphs one's checkpoint is trained on to twice
     ranks2: tuple = ()  # --grad-sync of each pair at 2 ranks sharing the device; the first's eager run is the reference
     total2: int = 0  # the global step of the 2-rank runs
 
@@ -68,7 +67,7 @@ class Speed:
     more: tuple = ()  # graphs-speed: variants beyond --no-cudagraphs and --cudagraphs
 
 
-# A learning rate that is a float32 number, as are its annealed values k/8 (k/16 for the stopped run): with
+# A learning rate that is a float32 number, as are its annealed values k/8 (k/16 for the run trained on): with
 # --cudagraphs the rate is a float32 tensor (a captured step reads it), so both runs take bitwise the same steps.
 GRAPH_LR = 2**-12
 PPO_GRAPHS = f"{PPO_FEW} --learning-rate {GRAPH_LR}"  # 8 iterations
@@ -113,13 +112,13 @@ class Sizes:
 # (5 timed, 9 s at 545 SPS); LeanRL's 20 (the last 10 timed). Each time limit is a few times the check's seconds on
 # an H200 (plan.ESTIMATES), so that a hang costs minutes.
 GPU = Sizes(
-    graphs=dict.fromkeys((PPO, ASYNC, PQN, PQN_ATARI), Graphs(PPO_GRAPHS, 8 * 4 * 32, 1))
+    graphs=dict.fromkeys((PPO, ASYNC, PQN, PQN_ATARI), Graphs(PPO_GRAPHS, 8 * 4 * 32))
     | {
-        ATARI: Graphs(PPO_GRAPHS, 8 * 4 * 32, 1, ("ddp", "flat"), 2 * 8 * 4 * 32),
-        CONTINUOUS: Graphs(f"--num-steps 64 --num-minibatches 2 --update-epochs 2 --learning-rate {GRAPH_LR}", 512, 1),
-        DQN: Graphs(f"--local-num-envs 4 --local-batch-size 32 {DQN_GRAPHS}", 512, 1),
+        ATARI: Graphs(PPO_GRAPHS, 8 * 4 * 32, ("ddp", "flat"), 2 * 8 * 4 * 32),
+        CONTINUOUS: Graphs(f"--num-steps 64 --num-minibatches 2 --update-epochs 2 --learning-rate {GRAPH_LR}", 512),
+        DQN: Graphs(f"--local-num-envs 4 --local-batch-size 32 {DQN_GRAPHS}", 512),
     }
-    | dict.fromkeys(OFF_POLICY, Graphs(OFF_GRAPHS, 600, 300, ("flat",), 800)),
+    | dict.fromkeys(OFF_POLICY, Graphs(OFF_GRAPHS, 600, ("flat",), 800)),
     graphs_speed=dict.fromkeys((PPO, ATARI, ASYNC, PQN, PQN_ATARI), PPO_SPEED)
     | {
         CONTINUOUS: Speed("--num-steps 2048 --total-timesteps 20480", 20480, 3),
@@ -154,13 +153,13 @@ GPU = Sizes(
 CPU = Sizes(
     # graphs: at world size 1 (the 2-rank runs on a GPU: tests/dist_worker.py's unit launch compares the Atari PPO's
     # 2-rank --cudagraphs runs with eager ones on the CPU, and runs SAC's and TD3's with --grad-sync flat)
-    graphs=dict.fromkeys((PPO, ATARI, PQN, PQN_ATARI), Graphs(PPO_GRAPHS_CPU, 8 * 1 * 4, 1))
+    graphs=dict.fromkeys((PPO, ATARI, PQN, PQN_ATARI), Graphs(PPO_GRAPHS_CPU, 8 * 1 * 4))
     | {
-        ASYNC: Graphs(PPO_GRAPHS_CPU.replace("envs 1", "envs 2"), 8 * 2 * 4, 1),
-        CONTINUOUS: Graphs(f"--num-steps 8 --num-minibatches 1 --update-epochs 1 --learning-rate {GRAPH_LR}", 64, 1),
-        DQN: Graphs(f"--local-num-envs 1 --local-batch-size 4 {DQN_GRAPHS}", 192, 1),
+        ASYNC: Graphs(PPO_GRAPHS_CPU.replace("envs 1", "envs 2"), 8 * 2 * 4),
+        CONTINUOUS: Graphs(f"--num-steps 8 --num-minibatches 1 --update-epochs 1 --learning-rate {GRAPH_LR}", 64),
+        DQN: Graphs(f"--local-num-envs 1 --local-batch-size 4 {DQN_GRAPHS}", 192),
     }
-    | dict.fromkeys(OFF_POLICY, Graphs(OFF_GRAPHS_CPU, 48, 40)),
+    | dict.fromkeys(OFF_POLICY, Graphs(OFF_GRAPHS_CPU, 48)),
     graphs_speed=dict.fromkeys((PPO, ATARI, ASYNC, PQN, PQN_ATARI), PPO_SPEED_CPU)
     | {
         CONTINUOUS: Speed("--num-steps 32 --num-minibatches 1 --update-epochs 1 --total-timesteps 96", 96, 1),
