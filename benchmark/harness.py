@@ -36,6 +36,7 @@ from benchmark.versions import package_versions, versions_line
 RETURN_TAG = "charts/episodic_return"
 EPISODES_TAG = "charts/episodes"  # how many episodes each logged return is the mean of
 DONE_FILE = "harness.json"
+PIECES_FILE = "pieces.jsonl"  # one line per piece of a run made in pieces (benchmark/run_in_calls.py)
 PUBLISHED = Path(__file__).with_name("published_returns.csv")
 FINAL_EPISODES = 100  # CleanRL's final return: the mean of each run's last 100 episodes (openrlbenchmark's default)
 

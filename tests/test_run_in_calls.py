@@ -1,0 +1,98 @@
+"""benchmark/run_in_calls.py: a run made of pieces, each stopped before its deadline and resumed from what the last
+one packed, logs one curve with no gap and no repeated step, and names its pieces."""
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+
+from helpers import REPO, read_scalar_events, wait_until
+
+from benchmark import harness
+
+TINY = ["--local-num-envs", "2", "--num-steps", "32", "--num-minibatches", "1", "--update-epochs", "1"]
+NAME = "BreakoutNoFrameskip-v4__ppo_atari_multigpu__ws1__seed1"
+
+
+def run_in_calls(*args):
+    return [sys.executable, "-m", "benchmark.run_in_calls", *map(str, args)]
+
+
+def test_a_run_in_two_pieces_carried_between_machines_logs_one_curve(tmp_path):
+    """Piece 1 is stopped (SIGTERM to run_in_calls, which passes it on, as at its deadline) once the run has
+    written its first checkpoint, and packs its run directory into out1/. The parts are copied elsewhere, as the
+    device tool brings them back, and piece 2 unpacks them into another runs directory, as on a fresh machine,
+    and finishes."""
+    common = ["--script", "cleanrl_ddp/ppo_atari_multigpu.py", "--env-id", "BreakoutNoFrameskip-v4", "--seed", "1"]
+    total = ["--total-timesteps", "1536", "--checkpoint-every", "4"]  # 24 iterations of 64 steps
+    out1, carried, out2 = tmp_path / "out1", tmp_path / "carried", tmp_path / "out2"
+    first = subprocess.Popen(
+        run_in_calls(*common, "--runs-dir", tmp_path / "m1", "--minutes", 5, "--out", out1, "--", *TINY, *total),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    wait_until((tmp_path / "m1" / NAME / "checkpoint.pt").is_file, 120, first, "the first checkpoint")
+    first.send_signal(signal.SIGTERM)
+    output = first.communicate(timeout=120)[0]
+    assert first.returncode == 0, output
+    assert "piece 1 stopped (exit 75)" in output, output
+    assert sorted(p.name for p in out1.iterdir()) == [f"{NAME}.piece.json", f"{NAME}.tgz.part0"]
+    assert "carry next call: run archive " in output and "of 64 (fits)" in output
+
+    shutil.copytree(out1, carried)  # what the device tool brings back, put where the next call carries it from
+    second = subprocess.run(
+        run_in_calls(*common, "--runs-dir", tmp_path / "m2", "--minutes", 5, "--out", out2, "--carried", carried)
+        + ["--", *TINY, *total],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert second.returncode == 0, second.stdout + second.stderr
+    run_dir = tmp_path / "m2" / NAME
+    pieces = [json.loads(line) for line in (run_dir / harness.PIECES_FILE).read_text().splitlines()]
+    assert [(p["piece"], p["outcome"], p["exit_code"]) for p in pieces] == [(1, "stopped", 75), (2, "finished", 0)]
+    stop = pieces[0]["step_to"]
+    assert 256 <= stop < 1536 and pieces[1]["step_from"] == stop and pieces[1]["step_to"] == 1536
+    assert f"--resume {tmp_path / 'm2' / NAME}" in pieces[1]["command"] and "--resume" not in pieces[0]["command"]
+    assert pieces[1]["total_timesteps"] == 1536 and pieces[0]["versions"]["torch"]
+    assert (run_dir / "piece1.log").is_file() and (run_dir / "piece2.log").is_file()
+
+    events = read_scalar_events(run_dir)
+    steps = [s for _, s, _ in events["charts/learning_rate"]]  # logged once per iteration
+    assert steps == list(range(64, 1537, 64))  # no gap, no repeat, across two event files
+    assert len(list(run_dir.glob("events.out.tfevents.*"))) == 2
+    returns = [s for _, s, _ in events["charts/episodic_return"]]
+    assert returns == sorted(set(returns)) and returns[0] <= stop < returns[-1]  # games logged in both pieces
+
+
+STAND_IN = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    runs_dir, name = sys.argv[sys.argv.index("--runs-dir") + 1], sys.argv[sys.argv.index("--run-name") + 1]
+    os.makedirs(os.path.join(runs_dir, name))
+    signal.signal(signal.SIGTERM, lambda *_: print(f"SIGTERM at {time.time()}", flush=True))  # and keeps going
+    time.sleep(60)
+    """
+)
+
+
+def test_the_deadline_sends_sigterm_at_the_margin_then_kills_a_run_that_goes_on(tmp_path):
+    """A stand-in run (no torch: it starts in well under the 4 s before its SIGTERM) notes when SIGTERM reaches
+    it, --margin seconds before the deadline, and goes on; 5 s before the deadline it is killed, and the piece
+    says so."""
+    script = tmp_path / "stand_in.py"
+    script.write_text(STAND_IN)
+    args = ["--script", script, "--env-id", "Game", "--runs-dir", tmp_path, "--minutes", 0.2, "--margin", 8]
+    piece = subprocess.run(run_in_calls(*args), cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert piece.returncode == 1 and "8 s before the deadline: SIGTERM" in piece.stdout, piece.stdout + piece.stderr
+    run_dir = tmp_path / "Game__stand_in__ws1__seed1"
+    record = json.loads((run_dir / harness.PIECES_FILE).read_text())
+    assert (record["outcome"], record["exit_code"]) == ("killed", -9)
+    sigterm = float((run_dir / "piece1.log").read_text().split("SIGTERM at ")[1])
+    start, end = record["start_time"], record["end_time"]
+    assert 4 <= sigterm - start < 6 and 7 <= end - start < 8.5, (sigterm - start, end - start)  # deadline 12 s
