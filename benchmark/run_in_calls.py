@@ -36,7 +36,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from benchmark.harness import PIECES_FILE, config_name, portable, run_command, run_name
+from benchmark.harness import PIECES_FILE, RUNNING_FILE, config_name, portable, run_command, run_name, utc
 from benchmark.versions import package_versions
 
 PART_BYTES = 15 * 2**20  # a file that comes back from a device call holds at most 16 MiB
@@ -55,6 +55,12 @@ def checkpoint_step(run_dir: Path):
 
     ckpt = read_checkpoint(str(path))
     return int(ckpt["global_step"]), int(ckpt["args"]["total_timesteps"])
+
+
+def flags_total(run_dir: Path):
+    """The --total-timesteps the run directory's flags.json holds (written when the run made the directory)."""
+    flags = run_dir / "flags.json"
+    return json.loads(flags.read_text())["args"]["total_timesteps"] if flags.is_file() else None
 
 
 def machine() -> str:
@@ -170,7 +176,7 @@ def main(argv=None) -> int:
     runs_dir.mkdir(parents=True, exist_ok=True)
     name = run_name(args.script, args.env_id, args.world_size, args.seed, args.label)
     run_dir = unpack(Path(args.carried), name, runs_dir) if args.carried else runs_dir / name
-    records = run_dir / PIECES_FILE
+    records, running = run_dir / PIECES_FILE, run_dir / RUNNING_FILE
     pieces = [json.loads(line) for line in records.read_text().splitlines()] if records.is_file() else []
     if pieces and pieces[-1]["outcome"] == "finished":
         print(f"run_in_calls: {run_dir} has finished (piece {len(pieces)}): nothing to run")
@@ -178,11 +184,24 @@ def main(argv=None) -> int:
     step_from, total = checkpoint_step(run_dir)
     if pieces and not (run_dir / "checkpoint.pt").is_file():
         raise SystemExit(f"run_in_calls: error: {run_dir} has {len(pieces)} piece(s) but no checkpoint.pt to resume")
+    if running.is_file():  # a piece whose run_in_calls died (SIGKILL, a reboot): it ran to the last checkpoint
+        lost = json.loads(running.read_text())
+        ended = (run_dir / "checkpoint.pt").stat().st_mtime if step_from else lost["start_time"]
+        lost |= dict(end=utc(ended), end_time=ended, step_to=step_from, versions={}, exit_code=None)
+        pieces.append(lost | dict(outcome="interrupted"))
+        with open(records, "a") as f:
+            f.write(json.dumps(pieces[-1]) + "\n")
+        running.unlink()
 
     cmd = run_command(args.script, args.env_id, args.seed, args.world_size, str(runs_dir), extra, args.label)
     cmd += ["--resume", str(run_dir)] if step_from else []
     piece = len(pieces) + 1
     log_path = runs_dir / f"{name}.piece{piece}.log"  # moved into the run directory once the run has made it
+    record = dict(piece=piece, name=name, script=args.script, env_id=args.env_id, seed=args.seed)
+    record |= dict(world_size=args.world_size, label=args.label, config=config_name(args.world_size, args.label))
+    record |= dict(start=utc(start_wall), start_time=start_wall, step_from=step_from, total_timesteps=total)
+    record |= dict(machine=machine(), command=shlex.join(cmd), portable_command=portable(shlex.join(cmd)))
+    record |= dict(log=f"piece{piece}.log")
     print(f"run_in_calls: piece {piece} of {name}, from step {step_from}: {shlex.join(cmd)}", flush=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     with open(log_path, "w") as log:
@@ -199,6 +218,9 @@ def main(argv=None) -> int:
     killed = False
     while proc.poll() is None:
         now = time.monotonic()
+        if not running.is_file() and (run_dir / "flags.json").is_file():  # the piece in progress, for the report
+            total = total or flags_total(run_dir)
+            running.write_text(json.dumps(record | dict(total_timesteps=total, outcome="running")))
         if deadline is not None and not signalled and now >= deadline - args.margin:
             print(f"run_in_calls: {args.margin:.0f} s before the deadline: SIGTERM", flush=True)
             stop()
@@ -230,34 +252,13 @@ def main(argv=None) -> int:
         outcome = "killed"  # it did not stop in --margin seconds: the last periodic checkpoint is kept
     else:
         outcome = "failed"
-    versions = package_versions()
-    record = dict(
-        piece=piece,
-        name=name,
-        script=args.script,
-        env_id=args.env_id,
-        seed=args.seed,
-        world_size=args.world_size,
-        label=args.label,
-        config=config_name(args.world_size, args.label),
-        start=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start_wall)),
-        end=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(end_wall)),
-        start_time=start_wall,
-        end_time=end_wall,
-        step_from=step_from,
-        step_to=step_to,
-        total_timesteps=total_now or total,
-        machine=machine(),
-        versions=versions,
-        exit_code=code,
-        outcome=outcome,
-        command=shlex.join(cmd),
-        portable_command=portable(shlex.join(cmd)),
-        log=log_path.name,
-    )
+    record |= dict(end=utc(end_wall), end_time=end_wall, step_to=step_to)
+    record |= dict(total_timesteps=total_now or total or flags_total(run_dir), versions=package_versions())
+    record |= dict(exit_code=code, outcome=outcome)
     if run_dir.is_dir():
         with open(records, "a") as f:
             f.write(json.dumps(record) + "\n")
+        running.unlink(missing_ok=True)
     minutes = (end_wall - start_wall) / 60
     steps = f"steps {step_from} -> {step_to} of {record['total_timesteps']}"
     print(f"run_in_calls: piece {piece} {outcome} (exit {code}) after {minutes:.1f} min: {steps}")

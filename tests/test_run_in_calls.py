@@ -36,12 +36,17 @@ def test_a_run_in_two_pieces_carried_between_machines_logs_one_curve(tmp_path):
         text=True,
     )
     wait_until((tmp_path / "m1" / NAME / "checkpoint.pt").is_file, 120, first, "the first checkpoint")
+    shutil.copytree(tmp_path / "m1" / NAME, tmp_path / "snapshot" / NAME)  # the run as a report sees it, mid-piece
     first.send_signal(signal.SIGTERM)
     output = first.communicate(timeout=120)[0]
     assert first.returncode == 0, output
     assert "piece 1 stopped (exit 75)" in output, output
     assert sorted(p.name for p in out1.iterdir()) == [f"{NAME}.piece.json", f"{NAME}.tgz.part0"]
     assert "carry next call: run archive " in output and "of 64 (fits)" in output
+    assert not (tmp_path / "m1" / NAME / harness.RUNNING_FILE).exists()  # the piece's record is in pieces.jsonl now
+    live = harness.run_meta(tmp_path / "snapshot" / NAME, read_scalar_events(tmp_path / "snapshot" / NAME))
+    assert (live["finished"], live["total"], [p["outcome"] for p in live["pieces"]]) == (False, 1536, ["running"])
+    assert live["pieces"][0]["step_to"] == live["step"] > 0  # the piece in progress, as far as its events go
 
     shutil.copytree(out1, carried)  # what the device tool brings back, put where the next call carries it from
     second = subprocess.run(
@@ -68,6 +73,16 @@ def test_a_run_in_two_pieces_carried_between_machines_logs_one_curve(tmp_path):
     assert len(list(run_dir.glob("events.out.tfevents.*"))) == 2
     returns = [s for _, s, _ in events["charts/episodic_return"]]
     assert returns == sorted(set(returns)) and returns[0] <= stop < returns[-1]  # games logged in both pieces
+
+    # the report: the stopped run (piece 1 only) is not finished; the finished one names both pieces
+    assert harness.main(["report", "--runs-dir", str(tmp_path / "m1"), "--out", str(tmp_path / "report1")]) == 0
+    assert f"| not finished: at step {stop:,} of 1,536 |" in (tmp_path / "report1" / "results.md").read_text()
+    assert harness.main(["report", "--runs-dir", str(tmp_path / "m2"), "--out", str(tmp_path / "report2")]) == 0
+    table = (tmp_path / "report2" / "results.md").read_text()
+    assert "| ppo_atari_multigpu | BreakoutNoFrameskip-v4 | ws1 | 1 | 1 | 1536 |" in table and "| finished |" in table
+    assert f"| 1 | {pieces[0]['start']} | {pieces[0]['end']} |" in table and f"| 0 → {stop:,} |" in table
+    assert f"| {stop:,} → 1,536 |" in table and "| finished (0) |" in table and "| stopped (75) |" in table
+    assert (tmp_path / "report2" / "ppo_atari_multigpu__BreakoutNoFrameskip-v4.png").stat().st_size > 5000
 
 
 STAND_IN = textwrap.dedent(
