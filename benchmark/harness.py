@@ -372,7 +372,7 @@ def plot_curves(rows, metas, out: Path, published: dict) -> list[Path]:
             axes[0].axhline(mean, color="black", linestyle="--", linewidth=1, label=f"{ref['label']}: final return{at}")
             axes[0].axhspan(mean - std, mean + std, color="black", alpha=0.15)
         axes[0].set_ylabel("episodic return")
-        axes[0].legend(loc="lower right", fontsize=7)
+        axes[0].legend(loc="best", fontsize=7)
         fig.suptitle(f"{script} on {env_id} (mean ± std over seeds)")
         fig.tight_layout()
         path = out / f"{script}__{env_id.replace('/', '-')}.png"
