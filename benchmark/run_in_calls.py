@@ -127,20 +127,29 @@ def pack(run_dir: Path, out: Path) -> list[Path]:
     return parts
 
 
-def carry_line(archive_bytes: int) -> str:
-    """How much the next call carries: the archive, beside .whl/ and the repository's files where they are here."""
+def folder_bytes(folder: Path, leave_out=()) -> int:
+    return sum(
+        p.stat().st_size
+        for p in folder.resolve().rglob("*")
+        if p.is_file() and not any(p.is_relative_to(o) for o in leave_out)
+    )
+
+
+def carry_line(archive_bytes: int, wheels: Path, leave_out=()) -> str:
+    """What the next call carries in: the archive, the wheels, and the repository's files (git's list where this is
+    a checkout; else, as on the device's copy, every file here but the run's own folders)."""
     mib = 2**20
-    wheels = sum(p.stat().st_size for p in Path(".whl").rglob("*") if p.is_file()) if Path(".whl").is_dir() else 0
+    wheel_bytes = folder_bytes(wheels) if wheels.is_dir() else 0
     try:
         files = subprocess.run(["git", "ls-files", "-z"], capture_output=True, check=True).stdout.split(b"\0")
         tree = sum(os.path.getsize(f) for f in files if f and os.path.isfile(f))
     except (OSError, subprocess.CalledProcessError):
-        tree = 0
-    total = archive_bytes + wheels + tree
+        tree = folder_bytes(Path("."), [wheels.resolve(), *(Path(o).resolve() for o in leave_out)])
+    total = archive_bytes + wheel_bytes + tree
     verdict = "fits" if total < CALL_CARRY_BYTES else "DOES NOT FIT"
     return (
-        f"carry next call: run archive {archive_bytes / mib:.1f} MiB + .whl/ {wheels / mib:.1f} MiB + repository "
-        f"files {tree / mib:.1f} MiB = {total / mib:.1f} MiB of 64 ({verdict})"
+        f"carry next call: run archive {archive_bytes / mib:.1f} MiB + {wheels}/ {wheel_bytes / mib:.1f} MiB + "
+        f"repository files {tree / mib:.1f} MiB = {total / mib:.1f} MiB of 64 ({verdict})"
     )
 
 
@@ -162,6 +171,7 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--out", default=None, help="pack the run directory here at the end ($OUT on the device)")
     parser.add_argument("--carried", default=None, help="a folder holding the parts a previous piece packed")
+    parser.add_argument("--wheels", default=".whl", help="the wheels a device call carries (for the size it reports)")
     parser.add_argument("extra", nargs=argparse.REMAINDER, help="-- then the script's own flags")
     args = parser.parse_args(argv)
     extra = args.extra[1:] if args.extra[:1] == ["--"] else args.extra
@@ -273,7 +283,8 @@ def main(argv=None) -> int:
         if size > MAX_BACK_BYTES:
             print(f"run_in_calls: error: {size / 2**20:.1f} MiB will not come back from a device call", file=sys.stderr)
             return 1
-        print(f"run_in_calls: {carry_line(size)}")
+        leave_out = [runs_dir, args.out, *([args.carried] if args.carried else [])]
+        print(f"run_in_calls: {carry_line(size, Path(args.wheels), leave_out)}")
     return 0 if outcome in ("finished", "stopped") else 1
 
 

@@ -2,6 +2,7 @@
 one packed, logs one curve with no gap and no repeated step, and names its pieces."""
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -11,6 +12,7 @@ import textwrap
 from helpers import REPO, read_scalar_events, wait_until
 
 from benchmark import harness
+from benchmark.run_in_calls import descendants
 
 TINY = ["--local-num-envs", "2", "--num-steps", "32", "--num-minibatches", "1", "--update-epochs", "1"]
 NAME = "BreakoutNoFrameskip-v4__ppo_atari_multigpu__ws1__seed1"
@@ -89,25 +91,49 @@ STAND_IN = textwrap.dedent(
     """
     import os, signal, sys, time
     runs_dir, name = sys.argv[sys.argv.index("--runs-dir") + 1], sys.argv[sys.argv.index("--run-name") + 1]
-    os.makedirs(os.path.join(runs_dir, name))
+    os.makedirs(os.path.join(runs_dir, name), exist_ok=True)
+    with open(os.path.join(runs_dir, name, "flags.json"), "w") as f:
+        f.write('{"args": {"total_timesteps": 1000}}')
     signal.signal(signal.SIGTERM, lambda *_: print(f"SIGTERM at {time.time()}", flush=True))  # and keeps going
-    time.sleep(60)
+    time.sleep(0 if "--exit-now" in sys.argv else 60)
     """
 )
 
 
 def test_the_deadline_sends_sigterm_at_the_margin_then_kills_a_run_that_goes_on(tmp_path):
-    """A stand-in run (no torch: it starts in well under the 4 s before its SIGTERM) notes when SIGTERM reaches
+    """A stand-in run (no torch: it starts in well under the 3 s before its SIGTERM) notes when SIGTERM reaches
     it, --margin seconds before the deadline, and goes on; 5 s before the deadline it is killed, and the piece
     says so."""
     script = tmp_path / "stand_in.py"
     script.write_text(STAND_IN)
-    args = ["--script", script, "--env-id", "Game", "--runs-dir", tmp_path, "--minutes", 0.2, "--margin", 8]
+    args = ["--script", script, "--env-id", "Game", "--runs-dir", tmp_path, "--minutes", 0.15, "--margin", 6]
     piece = subprocess.run(run_in_calls(*args), cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert piece.returncode == 1 and "8 s before the deadline: SIGTERM" in piece.stdout, piece.stdout + piece.stderr
+    assert piece.returncode == 1 and "6 s before the deadline: SIGTERM" in piece.stdout, piece.stdout + piece.stderr
     run_dir = tmp_path / "Game__stand_in__ws1__seed1"
     record = json.loads((run_dir / harness.PIECES_FILE).read_text())
     assert (record["outcome"], record["exit_code"]) == ("killed", -9)
     sigterm = float((run_dir / "piece1.log").read_text().split("SIGTERM at ")[1])
     start, end = record["start_time"], record["end_time"]
-    assert 4 <= sigterm - start < 6 and 7 <= end - start < 8.5, (sigterm - start, end - start)  # deadline 12 s
+    assert 3 <= sigterm - start < 4 and 4 <= end - start < 5, (sigterm - start, end - start)  # the deadline at 9 s
+
+
+def test_a_piece_whose_run_in_calls_died_is_recorded_as_interrupted(tmp_path):
+    """run_in_calls SIGKILLed mid-piece leaves its piece_running.json; the next piece records that piece as
+    interrupted (to the last checkpoint: here none, so step 0) before its own."""
+    script = tmp_path / "stand_in.py"
+    script.write_text(STAND_IN)
+    args = ["--script", script, "--env-id", "Game", "--runs-dir", tmp_path, "--minutes", 0.2, "--margin", 8]
+    run_dir = tmp_path / "Game__stand_in__ws1__seed1"
+    first = subprocess.Popen(run_in_calls(*args), cwd=REPO, stdout=subprocess.DEVNULL)
+    wait_until((run_dir / harness.RUNNING_FILE).is_file, 30, first, "the piece's record in progress")
+    for pid in [first.pid, *descendants(first.pid)]:  # run_in_calls and its run, as a reboot would
+        os.kill(pid, signal.SIGKILL)
+    first.wait()
+    second = subprocess.run(run_in_calls(*args, "--", "--exit-now"), cwd=REPO, capture_output=True, text=True)
+    assert second.returncode == 0, second.stdout + second.stderr
+    pieces = [json.loads(line) for line in (run_dir / harness.PIECES_FILE).read_text().splitlines()]
+    assert [(p["piece"], p["outcome"], p["step_to"], p["total_timesteps"]) for p in pieces] == [
+        (1, "interrupted", 0, 1000),
+        (2, "finished", 0, 1000),
+    ]
+    assert not (run_dir / harness.RUNNING_FILE).exists()
