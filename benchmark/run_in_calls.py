@@ -193,7 +193,10 @@ def main(argv=None) -> int:
         return 0
     step_from, total = checkpoint_step(run_dir)
     if pieces and not (run_dir / "checkpoint.pt").is_file():
-        raise SystemExit(f"run_in_calls: error: {run_dir} has {len(pieces)} piece(s) but no checkpoint.pt to resume")
+        raise SystemExit(
+            f"run_in_calls: error: {run_dir} has {len(pieces)} piece(s) but no checkpoint.pt to resume (none reached "
+            "its first checkpoint): start the run afresh, without --carried"
+        )
     if running.is_file():  # a piece whose run_in_calls died (SIGKILL, a reboot): it ran to the last checkpoint
         lost = json.loads(running.read_text())
         ended = (run_dir / "checkpoint.pt").stat().st_mtime if step_from else lost["start_time"]
