@@ -410,7 +410,7 @@ def markdown_table(rows, metas, published: dict) -> str:
             mean, std = float(ref["mean"]), float(ref["std"])
             inside = "inside" if abs(np.mean(finals) - mean) <= 2 * std else "outside"
             at = f" at {int(ref['steps']):,} steps" if ref.get("steps") else ""
-            compared = f"ours {inside} ± 2 std" if all(m["finished"] for m in runs) else "ours not finished"
+            compared = f"ours {inside} ± 2 std" if all(m["finished"] for m in runs) else "not finished"
             versus = f"{mean:.1f} ± {std:.1f} ({ref['label']}{at}; {compared})"
         lines.append(
             f"| {script} | {env_id} | {config} | {ws} | {len(finals)} | {steps} | "

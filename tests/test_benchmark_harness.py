@@ -121,6 +121,6 @@ def test_report_draws_a_peer_run_launched_by_hand_in_our_scripts_figure_not_fini
     text = (out / "results.md").read_text()
     row = "| ppo_atari_multigpu | PongNoFrameskip-v4 | cleanrl_ppo_atari_multigpu-ws2 | 2 | 1 | 40960 |"
     assert row in text and "| not finished: at step 40,960 of 10,000,000 |" in text
-    assert "20.3 ± 0.4 (CleanRL at 10,000,000 steps; ours not finished)" in text
+    assert "20.3 ± 0.4 (CleanRL at 10,000,000 steps; not finished)" in text
     assert f"Launched by hand (no command, machine or versions recorded): {run_dir.name}." in text
     assert (out / "ppo_atari_multigpu__PongNoFrameskip-v4.png").is_file()
