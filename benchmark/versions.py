@@ -4,7 +4,7 @@
 
 Results move with these packages: torch (and the CUDA it was built with) for speed and numerics, gymnasium,
 ale-py and MuJoCo for the environments, numpy for the envs' and the scripts' host-side arithmetic, tensordict
-for the CUDA-graph paths. The locked set that the suite passed with is requirements/lock.txt (docs/benchmarks.md,
+for the CUDA-graph paths. The locked set that the suite passed with is requirements/lock.txt (docs/results.md,
 "The locked packages").
 """
 

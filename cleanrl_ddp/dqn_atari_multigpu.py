@@ -2,7 +2,7 @@
 
 Docs: docs/dqn_atari_multigpu.md. Launched as cleanrl_ddp/ppo_multigpu.py is. Every rank steps its own
 games into its own replay buffer; an update samples `--local-batch-size` transitions per rank and averages
-the gradients across ranks. Every schedule follows the GLOBAL step, so all ranks decide alike.
+the gradients across ranks.
 """
 
 import os
@@ -71,18 +71,17 @@ class Args(rt.RunArgs):
     eval_epsilon: float = 0.05
     """epsilon of the evaluation policy (0.05 as in Mnih et al. 2015 and CleanRL)"""
     eval_greedy: bool = False
-    """if toggled, evaluation is greedy (epsilon 0); default: epsilon-greedy with --eval-epsilon"""
+    """if toggled, evaluation is greedy (epsilon 0) instead of using --eval-epsilon"""
     log_every: int = 1000
     """global steps between logged (all-reduced) metrics; a preemption signal is acted on at these steps"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
     """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
-    cudagraphs: bool = False
-    """CUDA: the greedy actions replayed as one CUDA graph (CPU: the same, eagerly)"""
+    cudagraphs: bool = True
+    """CUDA: the greedy actions replayed as one CUDA graph (the CPU runs them eagerly)"""
 
 
 def make_env(env_id: str, num_envs: int, num_threads: int = 1, repeat_action_probability: float = 0.0):
-    """`num_envs` games in ALE's C++ vector env, with CleanRL's preprocessing done in C++. Rewards come
-    unclipped and lost lives end no episode: the loop does both (`life_lost`), and logs whole games."""
+    """ALE's C++ vector env, CleanRL's preprocessing; the loop clips rewards and ends episodes at lost lives."""
     return AtariVectorEnv(
         atari.ale_game(env_id),
         num_envs,
@@ -128,8 +127,7 @@ class QNetwork(nn.Module):
 
 
 def eval_action(q_network: QNetwork, obs, greedy: bool, generator, args: Args):
-    """Evaluation's actions (cleanrl_ddp/evals.py): epsilon-greedy with --eval-epsilon (0 if `greedy`),
-    drawn from `generator`."""
+    """Evaluation's actions (cleanrl_ddp/evals.py): epsilon-greedy, --eval-epsilon (0 if `greedy`)."""
     q_values = q_network(obs)
     epsilon = 0.0 if greedy else args.eval_epsilon
     explore = torch.rand(len(obs), generator=generator, device=obs.device) < epsilon
@@ -152,7 +150,7 @@ class Sizes(rt.Sizes):
 
 
 def derive_sizes(args: Args, world_size: int) -> Sizes:
-    """Global and per-rank sizes from the flags and the world size; raises RunError on bad input."""
+    """Global and per-rank sizes; raises RunError on bad input."""
     names = ("local_num_envs", "local_batch_size", "total_timesteps", "buffer_size", "train_frequency")
     rt.require_at_least_1(args, *names, "target_network_frequency", "log_every")
     num_envs = args.local_num_envs * world_size
@@ -183,12 +181,10 @@ def derive_sizes(args: Args, world_size: int) -> Sizes:
 
 
 class FrameReplayBuffer:
-    """The replay memory of one rank's envs, every frame stored once (uint8), in one ring per env.
+    """One rank's replay memory: a ring per env, every frame stored once (uint8), stacks rebuilt when sampled.
 
-    Slot t holds the NEWEST frame of the observation at step t, the action, the clipped reward and
-    whether the step terminated. `first` marks an observation from a reset; `final` a game's last
-    one (NextStep autoreset), the next_obs of the slot before it, not a transition of its own.
-    Stacks are rebuilt at sample time, with zero frames before an episode's first slot.
+    Slot t holds the NEWEST frame of step t's observation, its action, clipped reward and `terminated`.
+    `first` marks a reset's observation; `final` a game's last, only the next_obs of the slot before it.
     """
 
     def __init__(self, capacity: int, num_envs: int, frame_shape=FRAME_SHAPE, stack_num: int = STACK_NUM):
@@ -254,8 +250,7 @@ def life_lost(lives: np.ndarray, prev_lives: np.ndarray) -> np.ndarray:
 
 
 def td_loss(model, target_network, obs, actions, rewards, next_obs, terminated, gamma: float):
-    """CleanRL's DQN loss on one local batch; `model` is the DDP-wrapped Q-network (or the plain one).
-    Returns (loss, mean Q of the taken actions)."""
+    """CleanRL's DQN loss of one local batch (`model` may be DDP-wrapped); returns (loss, mean Q of the actions)."""
     with torch.no_grad():
         target_max, _ = target_network(next_obs).max(dim=1)
         td_target = rewards + gamma * target_max * (1 - terminated)
@@ -275,10 +270,7 @@ def update_q_network(data: dict, model, q_network, target_network, optimizer, ar
 
 
 def all_reduce_gradients_flat(params, world_size: int) -> None:
-    """Average gradients across ranks with one all-reduce of one flat buffer (instead of DDP).
-
-    After cswinter's batched scheme (entity-neural-network/incubator#220), used by CleanRL.
-    """
+    """Average gradients over ranks: one all-reduce of a flat buffer, not DDP (entity-neural-network/incubator#220)."""
     if world_size == 1:
         return
     grads = [p.grad for p in params]
@@ -305,8 +297,7 @@ def main() -> None:
     if ckpt and run.is_main:
         print(f"  updates restart at global step {train_start} (buffer refill)", flush=True)
 
-    # CRUCIAL: every rank starts from the same weights, but steps its own envs with its own seeds and samples
-    # actions and minibatches from its own stream. Env seeds are global env indices (disjoint across ranks).
+    # CRUCIAL: the same start weights on every rank, but each rank's own (disjoint) env seeds and random stream
     rt.seed_everything(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     n = args.local_num_envs
@@ -341,7 +332,7 @@ def main() -> None:
         with torch.no_grad():  # the unwrapped network: inference must not go through DDP
             return q_network(static_obs).argmax(dim=1)
 
-    greedy_actions = graphs.graphed(greedy_actions, args.cudagraphs and run.on_cuda)  # --cudagraphs: one replay
+    greedy_actions = graphs.graphed(greedy_actions, graphs.enabled(args, run))  # --cudagraphs: one replay
     episodes = rt.Episodes(n)  # whole games
     sums = dict(td_loss=0.0, q_values=0.0, updates=0)  # since the last logged step
     num_updates = ckpt["num_updates"] if ckpt else 0
@@ -370,7 +361,7 @@ def main() -> None:
         terminated = (terminations | life_lost(lives, prev_lives)) & ~obs_final
         episodes.step(rewards * ~obs_final, game_over, stepped=~obs_final)
 
-        # TRY NOT TO MODIFY: save data to the replay buffer (one frame per step: the newest of the stack)
+        # TRY NOT TO MODIFY: save data to the replay buffer (only the newest frame of the stack)
         rb.add(obs[:, -1], actions, atari.clip_reward(rewards), terminated, obs_first, obs_final)
         obs_first, obs_final = obs_final, game_over  # the step after a final obs is an autoreset
         prev_lives = lives.copy()

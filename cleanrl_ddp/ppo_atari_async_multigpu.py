@@ -6,10 +6,8 @@ seeds and checkpoints, and the same rollout buffer, filled in another order. Lau
     python cleanrl_ddp/ppo_atari_async_multigpu.py                                    # 1 process
     torchrun --standalone --nproc_per_node=2 cleanrl_ddp/ppo_atari_async_multigpu.py  # 2 processes, one machine
 
-Every rank splits its `--local-num-envs` games into two halves, each an ALE C++ vector env of its own.
-`send` hands one half's actions to its emulator threads and returns at once, so the policy picks the other
-half's actions while that half steps; `recv` takes the results in. Each env still takes its steps in order,
-into the same [num_steps, local_num_envs] slot as in the synchronous script.
+Every rank splits its games into two halves, each an ALE C++ vector env of its own: while one half steps
+(`send` returns at once, `recv` takes the results in), the policy picks the other half's actions.
 """
 
 import os
@@ -89,17 +87,13 @@ class Args(rt.RunArgs):
     """store conv weights and activations channels-last (NHWC): faster convolutions, same math"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
     """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
-    cudagraphs: bool = False
-    """CUDA: the policy steps, GAE and the minibatch update replayed as CUDA graphs (CPU: the same, eagerly)"""
+    cudagraphs: bool = True
+    """CUDA: the policy steps, GAE and each minibatch update replayed as CUDA graphs (the CPU runs them eagerly)"""
 
 
 def make_env(env_id: str, num_envs: int, num_threads: int = 1, repeat_action_probability: float = 0.0):
-    """`num_envs` games in ALE's C++ vector env, with the DeepMind preprocessing done in C++.
-
-    Life losses end an episode for learning (`terminated` is set; `life_loss_info`), but the game
-    goes on; rewards come back unclipped so that the script can log whole-game scores (it clips them
-    itself for learning). Autoreset happens within the same step, like gymnasium's SAME_STEP mode.
-    """
+    """ALE's C++ vector env with the DeepMind preprocessing. A life loss sets `terminated` but the game goes on;
+    rewards come unclipped (the loop logs whole-game scores, clips for learning). Autoreset is SameStep."""
     return AtariVectorEnv(
         atari.ale_game(env_id),
         num_envs,
@@ -147,8 +141,7 @@ class Agent(nn.Module):
         self.critic = layer_init(nn.Linear(512, 1), std=1)
 
     def hidden(self, x):
-        # uint8 frames in, scaled here: the rollout buffer stays uint8; uint8 * float gives float32 in one
-        # pass, in the frames' memory format (minibatches of the NHWC buffer are channels-last already)
+        # uint8 frames in, scaled here in one pass, in the frames' memory format: the rollout buffer stays uint8
         channels_last = self.network[0].weight.is_contiguous(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
         return self.network(x * (1.0 / 255.0))
@@ -166,8 +159,7 @@ class Agent(nn.Module):
         return action, probs.log_prob(action), probs.entropy(), self.critic(hidden).float()
 
     def forward(self, x, action):
-        # the loss goes through `forward`, so that a DDP wrapper averages its gradients;
-        # the rollout calls `get_action_and_value` on the unwrapped agent
+        # the loss goes through `forward`, so that DDP averages its gradients; the rollout calls the unwrapped agent
         return self.get_action_and_value(x, action)
 
 
@@ -199,7 +191,7 @@ def halves(num_envs: int) -> tuple[slice, slice]:
 
 
 def derive_sizes(args: Args, world_size: int) -> Sizes:
-    """Global and per-rank sizes from the flags and the world size; raises RunError on bad input."""
+    """Global and per-rank sizes; raises RunError on bad input."""
     rt.require_at_least_1(args, "local_num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps")
     if args.local_num_envs < 2:
         raise rt.RunError(f"--local-num-envs must be at least 2 (two halves of envs), got {args.local_num_envs}")
@@ -260,8 +252,7 @@ def normalize_advantages(adv: torch.Tensor, world_size: int) -> torch.Tensor:
 
 
 def ppo_loss(model, mb_advantages, mb_obs, mb_actions, mb_logprobs, mb_returns, mb_values, args: Args):
-    """The clipped PPO loss of one local minibatch, and its named stats (detached). `model` is the
-    DDP-wrapped agent (or the plain one); `mb_advantages` come normalised with --norm-adv."""
+    """The clipped PPO loss of one local minibatch, and its named stats (detached); `model` may be DDP-wrapped."""
     _, newlogprob, entropy, newvalue = model(mb_obs, mb_actions)
     logratio = newlogprob - mb_logprobs
     ratio = logratio.exp()
@@ -294,10 +285,7 @@ def ppo_loss(model, mb_advantages, mb_obs, mb_actions, mb_logprobs, mb_returns, 
 
 
 def all_reduce_gradients_flat(params, world_size: int) -> None:
-    """Average gradients across ranks with one all-reduce of one flat buffer (instead of DDP).
-
-    After cswinter's batched scheme (entity-neural-network/incubator#220), used by CleanRL.
-    """
+    """Average gradients over ranks: one all-reduce of a flat buffer, not DDP (entity-neural-network/incubator#220)."""
     if world_size == 1:
         return
     grads = [p.grad for p in params]
@@ -319,8 +307,7 @@ def main() -> None:
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = ckpt["global_step"] if ckpt else 0
 
-    # CRUCIAL: every rank starts from the same weights, but steps its own envs with its own seeds and
-    # samples actions from its own stream. Env seeds are global env indices (disjoint across ranks).
+    # CRUCIAL: the same start weights on every rank, but each rank's own (disjoint) env seeds and random stream
     rt.seed_everything(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     n, cols = args.local_num_envs, halves(args.local_num_envs)
@@ -389,17 +376,17 @@ def main() -> None:
         loss.backward()
         return mb_stats
 
-    def clip_and_step():
+    def clip_and_step(*_):
         nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
         optimizer.step()
 
     # --cudagraphs: as in ppo_atari_multigpu.py, with one graph per half's policy step
-    capture = args.cudagraphs and run.on_cuda  # only CUDA captures
+    capture = graphs.enabled(args, run)  # only CUDA captures
     policy_steps = [graphs.graphed(partial(policy_step, h=h), capture) for h in (0, 1)]
     advantages_and_returns = graphs.graphed(advantages_and_returns, capture)
-    backward, step_optimizer = graphs.update_step(
-        minibatch_backward, clip_and_step, capture, model is agent, world_size
-    )
+    ddp, flat = model is not agent, world_size > 1 and args.grad_sync == "flat"
+    all_reduce = partial(all_reduce_gradients_flat, list(agent.parameters()), world_size) if flat else None
+    update = graphs.Update(capture, *graphs.optimizer_step(minibatch_backward, clip_and_step, all_reduce, ddp))
     num_iterations, preempted = sizes.num_iterations, False
     rt.open_run(run, sizes, ckpt)
 
@@ -424,8 +411,7 @@ def main() -> None:
                 h, step = (i - 1) % 2, (i - 1) // 2
                 # TRY NOT TO MODIFY: execute the game and log data.
                 frames, reward, terminations, truncations, info = envs[h].recv()
-                # a life loss ends the episode for learning (no bootstrapping through it, as in DeepMind's
-                # protocol); only a game over ends the logged episode, whose return is the game's score
+                # a life loss ends the episode for learning (DeepMind's protocol); only a game over ends the logged one
                 dones_np[step + 1, cols[h]] = terminations | truncations
                 rewards_np[step, cols[h]] = atari.clip_reward(reward)
                 over = atari.game_over(terminations, truncations, info["lives"], prev_lives[h])
@@ -436,7 +422,6 @@ def main() -> None:
         rewards.copy_(host_rewards, non_blocking=True)
         all_dones.copy_(host_dones, non_blocking=True)
         update_start = time.perf_counter()
-        grad_sync_seconds = 0.0
         advantages, returns = advantages_and_returns()
         b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
 
@@ -449,12 +434,7 @@ def main() -> None:
             if args.norm_adv:
                 epoch_advantages = normalize_advantages(epoch_advantages, world_size)
             for mb_inds, mb_advantages in zip(b_inds, epoch_advantages, strict=True):
-                mb_stats = backward(mb_inds, mb_advantages, b_returns)
-                if world_size > 1 and args.grad_sync == "flat":
-                    sync_start = time.perf_counter()
-                    all_reduce_gradients_flat(list(agent.parameters()), world_size)
-                    grad_sync_seconds += time.perf_counter() - sync_start
-                step_optimizer()
+                (mb_stats,) = update(mb_inds, mb_advantages, b_returns)
                 loss_sums = {k: loss_sums.get(k, 0) + v for k, v in mb_stats.items()}
                 num_updates += 1
 
@@ -487,8 +467,8 @@ def main() -> None:
             "perf/rollout_seconds": update_start - rollout_start,
             "perf/update_seconds": update_seconds,
         }
-        if world_size > 1 and args.grad_sync == "flat":
-            scalars["perf/grad_sync_seconds"] = grad_sync_seconds
+        if flat:
+            scalars["perf/grad_sync_seconds"] = update.take_outside_seconds()
         rt.log(run, global_step, scalars, m)
         if args.sync_check_every and iteration % args.sync_check_every == 0:
             rt.check_replicas_in_sync(f"iteration {iteration}", world_size, agent, optimizer)

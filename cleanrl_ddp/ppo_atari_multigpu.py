@@ -17,6 +17,7 @@ import os
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal, Optional
 
 import numpy as np
@@ -90,18 +91,14 @@ class Args(rt.RunArgs):
     grad_sync: Literal["ddp", "flat"] = "ddp"
     """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
     compile: bool = False
-    """if toggled, `torch.compile` the minibatch loss and its backward (CUDA: reduce-overhead, or in --cudagraphs)"""
-    cudagraphs: bool = False
-    """CUDA: the policy step, GAE and the minibatch update each replayed as a CUDA graph (CPU: the same, eagerly)"""
+    """`torch.compile` the loss and its backward: ~14 s more at start; 1.05-1.09x eager on an H200 (docs/gpu.md)"""
+    cudagraphs: bool = True
+    """CUDA: the policy step, GAE and each minibatch update replayed as CUDA graphs (the CPU runs them eagerly)"""
 
 
 def make_env(env_id: str, num_envs: int, num_threads: int = 1, repeat_action_probability: float = 0.0):
-    """`num_envs` games in ALE's C++ vector env, with the DeepMind preprocessing done in C++.
-
-    Life losses end an episode for learning (`terminated` is set; `life_loss_info`), but the game
-    goes on; rewards come back unclipped so that the script can log whole-game scores (it clips them
-    itself for learning). Autoreset happens within the same step, like gymnasium's SAME_STEP mode.
-    """
+    """ALE's C++ vector env with the DeepMind preprocessing. A life loss sets `terminated` but the game goes on;
+    rewards come unclipped (the loop logs whole-game scores, clips for learning). Autoreset is SameStep."""
     return AtariVectorEnv(
         atari.ale_game(env_id),
         num_envs,
@@ -149,8 +146,7 @@ class Agent(nn.Module):
         self.critic = layer_init(nn.Linear(512, 1), std=1)
 
     def hidden(self, x):
-        # uint8 frames in, scaled here: the rollout buffer stays uint8; uint8 * float gives float32 in one
-        # pass, in the frames' memory format (minibatches of the NHWC buffer are channels-last already)
+        # uint8 frames in, scaled here in one pass, in the frames' memory format: the rollout buffer stays uint8
         channels_last = self.network[0].weight.is_contiguous(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
         return self.network(x * (1.0 / 255.0))
@@ -168,8 +164,7 @@ class Agent(nn.Module):
         return action, probs.log_prob(action), probs.entropy(), self.critic(hidden).float()
 
     def forward(self, x, action):
-        # the loss goes through `forward`, so that a DDP wrapper averages its gradients;
-        # the rollout calls `get_action_and_value` on the unwrapped agent
+        # the loss goes through `forward`, so that DDP averages its gradients; the rollout calls the unwrapped agent
         return self.get_action_and_value(x, action)
 
 
@@ -196,7 +191,7 @@ class Sizes(rt.Sizes):
 
 
 def derive_sizes(args: Args, world_size: int) -> Sizes:
-    """Global and per-rank sizes from the flags and the world size; raises RunError on bad input."""
+    """Global and per-rank sizes; raises RunError on bad input."""
     rt.require_at_least_1(args, "local_num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps")
     local_batch_size = args.local_num_envs * args.num_steps
     if local_batch_size % args.num_minibatches != 0:
@@ -255,8 +250,7 @@ def normalize_advantages(adv: torch.Tensor, world_size: int) -> torch.Tensor:
 
 
 def ppo_loss(model, mb_advantages, mb_obs, mb_actions, mb_logprobs, mb_returns, mb_values, args: Args):
-    """The clipped PPO loss of one local minibatch, and its named stats (detached). `model` is the
-    DDP-wrapped agent (or the plain one); `mb_advantages` come normalised with --norm-adv."""
+    """The clipped PPO loss of one local minibatch, and its named stats (detached); `model` may be DDP-wrapped."""
     _, newlogprob, entropy, newvalue = model(mb_obs, mb_actions)
     logratio = newlogprob - mb_logprobs
     ratio = logratio.exp()
@@ -289,10 +283,7 @@ def ppo_loss(model, mb_advantages, mb_obs, mb_actions, mb_logprobs, mb_returns, 
 
 
 def all_reduce_gradients_flat(params, world_size: int) -> None:
-    """Average gradients across ranks with one all-reduce of one flat buffer (instead of DDP).
-
-    After cswinter's batched scheme (entity-neural-network/incubator#220), used by CleanRL.
-    """
+    """Average gradients over ranks: one all-reduce of a flat buffer, not DDP (entity-neural-network/incubator#220)."""
     if world_size == 1:
         return
     grads = [p.grad for p in params]
@@ -314,8 +305,7 @@ def main() -> None:
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = ckpt["global_step"] if ckpt else 0
 
-    # CRUCIAL: every rank starts from the same weights, but steps its own envs with its own seeds and
-    # samples actions from its own stream. Env seeds are global env indices (disjoint across ranks).
+    # CRUCIAL: the same start weights on every rank, but each rank's own (disjoint) env seeds and random stream
     rt.seed_everything(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     n = args.local_num_envs
@@ -336,14 +326,13 @@ def main() -> None:
         agent.load_state_dict(ckpt["agent"])
         optimizer.load_state_dict(ckpt["optimizer"])
         rt.resume_rng(run, ckpt, args.seed)
-    # gradients allocated once, in the parameters' memory format (as DDP's buckets expect): backward
-    # accumulates into them, never into CUDA-graph memory (--compile)
+    # gradients allocated once, in the parameters' memory format (DDP's buckets expect it), outside graph memory
     for p in agent.parameters():
         p.grad = torch.zeros_like(p)
     model = DDP(agent) if world_size > 1 and args.grad_sync == "ddp" else agent
-    # --compile: ppo_loss and, through AOTAutograd, its backward; the all-reduce stays eager (clip and step too,
-    # without --cudagraphs)
-    mode = "reduce-overhead" if run.on_cuda and not args.cudagraphs else None  # --cudagraphs captures it itself
+    capture = graphs.enabled(args, run)  # --cudagraphs on CUDA: on the CPU the same functions run eagerly
+    # --compile: ppo_loss and (AOTAutograd) its backward; the all-reduce stays eager
+    mode = "reduce-overhead" if run.on_cuda and not capture else None  # --cudagraphs captures it itself
     loss_fn = torch.compile(ppo_loss, mode=mode) if args.compile else ppo_loss
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.precision == "bf16" else nullcontext()
 
@@ -354,9 +343,7 @@ def main() -> None:
     episodes = rt.Episodes(n)  # whole games (all lives)
 
     # ALGO Logic: Storage setup, allocated once (the addresses a CUDA graph replays). Frames stay uint8, stored NHWC
-    # (height x width x stack), so that a minibatch of the buffer is channels-last. Rewards and dones cross to the
-    # device once per rollout, frames at every step, from page-locked buffers on CUDA (on the CPU, `.to(device)`
-    # of a host buffer is the buffer itself); `next_obs` keeps the frames' own (NCHW) shape.
+    # so that a minibatch is channels-last; `next_obs` stays NCHW. Rewards and dones cross per rollout.
     stack, height, width = envs.single_observation_space.shape
     obs = torch.zeros((args.num_steps, n, height, width, stack), dtype=torch.uint8, device=device)
     actions = torch.zeros((args.num_steps, n), dtype=torch.long, device=device)
@@ -401,18 +388,16 @@ def main() -> None:
         loss.backward()
         return mb_stats
 
-    def clip_and_step():
+    def clip_and_step(*_):
         nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
         optimizer.step()
 
-    # --cudagraphs: each a CUDA graph replay; the update's gradient all-reduce between its two graphs (DDP's, inside
-    # backward, leaves that eager), none at world size 1, where the second does nothing (both are in the first)
-    capture = args.cudagraphs and run.on_cuda  # only CUDA captures: on the CPU the same functions run eagerly
+    # --cudagraphs: each one CUDA graph replay; the update is cut at its gradient all-reduce (cleanrl_ddp/graphs.py)
     policy_step = graphs.graphed(policy_step, capture)
     advantages_and_returns = graphs.graphed(advantages_and_returns, capture)
-    backward, step_optimizer = graphs.update_step(
-        minibatch_backward, clip_and_step, capture, model is agent, world_size
-    )
+    ddp, flat = model is not agent, world_size > 1 and args.grad_sync == "flat"
+    all_reduce = partial(all_reduce_gradients_flat, list(agent.parameters()), world_size) if flat else None
+    update = graphs.Update(capture, *graphs.optimizer_step(minibatch_backward, clip_and_step, all_reduce, ddp))
     num_iterations, preempted = sizes.num_iterations, False
     rt.open_run(run, sizes, ckpt)
 
@@ -424,13 +409,12 @@ def main() -> None:
         dones_np[0] = dones_np[-1]
         for step in range(args.num_steps):
             global_step += sizes.num_envs  # global: all ranks step at once
-            obs[step] = next_obs.permute(0, 2, 3, 1)  # outside the graph: a tensor index made it 3x slower on CPU
+            obs[step] = next_obs.permute(0, 2, 3, 1)  # outside the graph: a tensor index is slow on the CPU
             policy_step(steps[step : step + 1])
 
             # TRY NOT TO MODIFY: execute the game and log data.
             frames, reward, terminations, truncations, info = envs.step(actions[step].cpu().numpy())
-            # a life loss ends the episode for learning (no bootstrapping through it, as in DeepMind's
-            # protocol); only a game over ends the logged episode, whose return is the game's score
+            # a life loss ends the episode for learning (DeepMind's protocol); only a game over ends the logged one
             dones_np[step + 1] = terminations | truncations
             rewards_np[step] = atari.clip_reward(reward)
             episodes.step(reward, atari.game_over(terminations, truncations, info["lives"], prev_lives))
@@ -440,7 +424,6 @@ def main() -> None:
         rewards.copy_(host_rewards, non_blocking=True)
         all_dones.copy_(host_dones, non_blocking=True)
         update_start = time.perf_counter()
-        grad_sync_seconds = 0.0
         advantages, returns = advantages_and_returns()
         b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
 
@@ -453,12 +436,7 @@ def main() -> None:
             if args.norm_adv:
                 epoch_advantages = normalize_advantages(epoch_advantages, world_size)
             for mb_inds, mb_advantages in zip(b_inds, epoch_advantages, strict=True):
-                mb_stats = backward(mb_inds, mb_advantages, b_returns)
-                if world_size > 1 and args.grad_sync == "flat":
-                    sync_start = time.perf_counter()
-                    all_reduce_gradients_flat(list(agent.parameters()), world_size)
-                    grad_sync_seconds += time.perf_counter() - sync_start
-                step_optimizer()
+                (mb_stats,) = update(mb_inds, mb_advantages, b_returns)
                 loss_sums = {k: loss_sums.get(k, 0) + v for k, v in mb_stats.items()}
                 num_updates += 1
 
@@ -491,8 +469,8 @@ def main() -> None:
             "perf/rollout_seconds": update_start - rollout_start,
             "perf/update_seconds": update_seconds,
         }
-        if world_size > 1 and args.grad_sync == "flat":
-            scalars["perf/grad_sync_seconds"] = grad_sync_seconds
+        if flat:
+            scalars["perf/grad_sync_seconds"] = update.take_outside_seconds()
         rt.log(run, global_step, scalars, m)
         if args.sync_check_every and iteration % args.sync_check_every == 0:
             rt.check_replicas_in_sync(f"iteration {iteration}", world_size, agent, optimizer)

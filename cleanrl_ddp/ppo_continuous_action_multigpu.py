@@ -3,15 +3,14 @@
 Docs: docs/ppo_continuous_action_multigpu.md. Needs MuJoCo: `pip install -e ".[mujoco]"`. Launch it as
 `python cleanrl_ddp/ppo_continuous_action_multigpu.py` (1 process), `torchrun --standalone --nproc_per_node=2
 cleanrl_ddp/ppo_continuous_action_multigpu.py` (2 processes), or on several nodes or under SLURM as in
-cleanrl_ddp/ppo_multigpu.py. Every rank steps its own `--local-num-envs` envs; gradients are averaged across
-ranks each minibatch (DDP, or one flat all-reduce with `--grad-sync flat`). Observations and rewards are
-normalised with running statistics merged across ranks once per iteration (`RunningStats`), so every rank
-feeds the network the same normalisation. Run plumbing lives in cleanrl_ddp/runtime.py.
+cleanrl_ddp/ppo_multigpu.py. Every rank steps its own envs; gradients are averaged across ranks each minibatch.
+The normalisation statistics are merged across ranks once per iteration (`RunningStats`): all ranks normalise alike.
 """
 
 import os
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal, Optional
 
 import gymnasium as gym
@@ -24,7 +23,7 @@ import tyro
 from torch.distributions.normal import Normal
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from cleanrl_ddp import env_state, evals
+from cleanrl_ddp import env_state, evals, graphs
 from cleanrl_ddp import runtime as rt
 
 SCRIPT = os.path.basename(__file__)[: -len(".py")]
@@ -84,11 +83,12 @@ class Args(rt.RunArgs):
     """if toggled, evaluation acts with the Gaussian's mean; --no-eval-greedy samples from the policy"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
     """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
+    cudagraphs: bool = False
+    """CUDA: the policy step, GAE and each minibatch update replayed as CUDA graphs (the CPU runs them eagerly)"""
 
 
 def make_env(env_id: str, render_mode: Optional[str] = None):
-    # only the env: the training loop normalises observations and rewards with statistics of all ranks
-    # (gymnasium's NormalizeObservation/NormalizeReward keep per-process ones)
+    # only the env: the loop normalises with the statistics of all ranks (`RunningStats`)
     def thunk():
         return gym.make(env_id, render_mode=render_mode)
 
@@ -133,14 +133,12 @@ class Agent(nn.Module):
         return action, probs.log_prob(action).sum(1), probs.entropy().sum(1), self.critic(x)
 
     def forward(self, x, action):
-        # the loss goes through `forward`, so that a DDP wrapper averages its gradients;
-        # the rollout calls `get_action_and_value` on the unwrapped agent
+        # the loss goes through `forward`, so that DDP averages its gradients; the rollout calls the unwrapped agent
         return self.get_action_and_value(x, action)
 
 
 def eval_action(agent: tuple, obs, greedy: bool, generator, args: Args):
-    """Evaluation's actions (cleanrl_ddp/evals.py) of `agent`, the pair (Agent, its observation statistics,
-    frozen): the Gaussian's mean, or sampled with `generator`."""
+    """Evaluation's actions (cleanrl_ddp/evals.py) of (Agent, its frozen obs statistics): the mean, or sampled."""
     agent, obs_stats = agent
     action = agent.actor_mean(network_input(obs, obs_stats, args))
     if greedy:
@@ -167,7 +165,7 @@ class Sizes(rt.Sizes):
 
 
 def derive_sizes(args: Args, world_size: int) -> Sizes:
-    """Global and per-rank sizes from the flags and the world size; raises RunError on bad input."""
+    """Global and per-rank sizes; raises RunError on bad input."""
     rt.require_at_least_1(args, "local_num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps")
     local_batch_size = args.local_num_envs * args.num_steps
     if local_batch_size % args.num_minibatches != 0:
@@ -226,8 +224,7 @@ def normalize_advantages(adv: torch.Tensor, world_size: int) -> torch.Tensor:
 
 
 def ppo_loss(model, mb_advantages, mb_obs, mb_actions, mb_logprobs, mb_returns, mb_values, args: Args):
-    """The clipped PPO loss of one local minibatch, and its named stats (detached). `model` is the
-    DDP-wrapped agent (or the plain one); `mb_advantages` come normalised with --norm-adv."""
+    """The clipped PPO loss of one local minibatch, and its named stats (detached); `model` may be DDP-wrapped."""
     _, newlogprob, entropy, newvalue = model(mb_obs, mb_actions)
     logratio = newlogprob - mb_logprobs
     ratio = logratio.exp()
@@ -260,10 +257,7 @@ def ppo_loss(model, mb_advantages, mb_obs, mb_actions, mb_logprobs, mb_returns, 
 
 
 def all_reduce_gradients_flat(params, world_size: int) -> None:
-    """Average gradients across ranks with one all-reduce of one flat buffer (instead of DDP).
-
-    After cswinter's batched scheme (entity-neural-network/incubator#220), used by CleanRL.
-    """
+    """Average gradients over ranks: one all-reduce of a flat buffer, not DDP (entity-neural-network/incubator#220)."""
     if world_size == 1:
         return
     grads = [p.grad for p in params]
@@ -278,11 +272,8 @@ def all_reduce_gradients_flat(params, world_size: int) -> None:
 
 # Observation and reward normalisation, with statistics merged over all ranks
 class RunningStats:
-    """Count, mean and sum of squared deviations (M2) per feature, in float64, equal on all ranks.
-
-    gymnasium's NormalizeObservation/NormalizeReward keep per-process statistics: each rank would scale its
-    inputs differently. `update` merges the samples of ALL ranks, as one process would over all of them.
-    """
+    """Count, mean and M2 (sum of squared deviations) per feature, float64, equal on all ranks: `update` merges
+    the samples of ALL ranks (gymnasium's NormalizeObservation/NormalizeReward would scale each rank its own way)."""
 
     def __init__(self, shape=(), device=None):
         self.shape = tuple(shape)
@@ -309,16 +300,17 @@ class RunningStats:
         delta = s1 / n.clamp_min(1)  # the batch mean minus the current mean
         batch_m2 = s2 - s1 * s1 / n.clamp_min(1)
         total = self.count + n
-        self.mean = self.mean + delta * n / total.clamp_min(1)
-        self.m2 = self.m2 + batch_m2 + delta * delta * self.count * n / total.clamp_min(1)
-        self.count = total
+        # in place: a CUDA graph reads the statistics where they were at its capture
+        self.m2.add_(batch_m2 + delta * delta * self.count * n / total.clamp_min(1))
+        self.mean.add_(delta * n / total.clamp_min(1))
+        self.count.copy_(total)
 
     def state_dict(self) -> dict:
         return dict(count=self.count.cpu(), mean=self.mean.cpu(), m2=self.m2.cpu())
 
     def load_state_dict(self, state: dict) -> None:
         for name in ("count", "mean", "m2"):
-            setattr(self, name, state[name].to(device=self.mean.device, dtype=torch.float64))
+            getattr(self, name).copy_(state[name])
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.count, self.mean, self.m2]
@@ -358,8 +350,7 @@ def main() -> None:
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = ckpt["global_step"] if ckpt else 0
 
-    # CRUCIAL: every rank starts from the same weights, but steps its own envs with its own seeds and
-    # samples actions from its own stream. Env seeds are global env indices (disjoint across ranks).
+    # CRUCIAL: the same start weights on every rank, but each rank's own (disjoint) env seeds and random stream
     rt.seed_everything(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     envs = gym.vector.SyncVectorEnv(
@@ -372,7 +363,10 @@ def main() -> None:
     if world_size > 1:
         for tensor in agent.state_dict().values():  # the same start whichever --grad-sync is used
             dist.broadcast(tensor, src=0)
-    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    # fused: one kernel for all parameters; --cudagraphs: the learning rate a tensor that a captured step reads
+    optimizer = graphs.optimizer(
+        optim.Adam, agent.parameters(), args.learning_rate, args.cudagraphs, device, eps=1e-5, fused=True
+    )
     rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
     # the normalisation statistics: equal on every rank (they change only in RunningStats.update)
     obs_stats, return_stats = RunningStats(obs_shape, device), RunningStats((), device)
@@ -382,6 +376,8 @@ def main() -> None:
         obs_stats.load_state_dict(ckpt["obs_stats"])
         return_stats.load_state_dict(ckpt["return_stats"])
         rt.resume_rng(run, ckpt, args.seed)
+    for p in agent.parameters():  # gradients allocated once: backward accumulates into them (CUDA graphs)
+        p.grad = torch.zeros_like(p)
     model = DDP(agent) if world_size > 1 and args.grad_sync == "ddp" else agent
 
     n, env_seed0 = args.local_num_envs, args.seed + rank * args.local_num_envs
@@ -398,8 +394,7 @@ def main() -> None:
         else:  # an env family with no state function: new episodes, from seeds no earlier attempt used
             next_raw_obs, _ = envs.reset(seed=env_seed0 + (start_iteration - 1) * sizes.num_envs)
 
-    # ALGO Logic: Storage setup. Rewards, discounted returns and dones cross to the device once per rollout
-    # (page-locked on CUDA), observations at every step, through a staging buffer of their own.
+    # ALGO Logic: Storage setup, allocated once: a CUDA graph replays the addresses; rewards and dones cross per rollout
     obs = torch.zeros((args.num_steps, n) + obs_shape, device=device)  # normalised, as acted on
     actions = torch.zeros((args.num_steps, n) + action_shape, device=device)
     logprobs = torch.zeros((args.num_steps, n), device=device)
@@ -411,36 +406,66 @@ def main() -> None:
     host_dones = torch.zeros((args.num_steps + 1, n), pin_memory=run.on_cuda)  # last row: next_done
     host_dones[-1] = torch.from_numpy(next_done)
     staging = torch.zeros((n,) + obs_shape, dtype=torch.float64, pin_memory=run.on_cuda)
-    next_raw = rt.to_device(next_raw_obs, device, staging)
+    next_raw, rewards, all_dones = staging.to(device), host_rewards.to(device), host_dones.to(device)
+    raw_returns = host_returns.to(device)
+    graphs.fill(next_raw, next_raw_obs, staging)
     action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
+    steps = torch.arange(args.num_steps, device=device)
+    b_obs = obs.reshape((-1,) + obs_shape)  # the flattened batch: views of the rollout buffers
+    b_actions, b_logprobs, b_values = actions.reshape((-1,) + action_shape), logprobs.reshape(-1), values.reshape(-1)
+
+    def policy_step(step):
+        """The policy on `next_raw`, written into rollout row `step` (a tensor: one graph serves every row)."""
+        # the statistics stay fixed during the rollout: every obs of the iteration is normalised alike
+        next_obs = network_input(next_raw, obs_stats, args)
+        # ALGO LOGIC: action logic (the unwrapped agent: inference must not go through DDP)
+        with torch.no_grad():
+            action, logprob, _, value = agent.get_action_and_value(next_obs)
+        obs[step], values[step], actions[step], logprobs[step] = next_obs, value.flatten(), action, logprob
+
+    def advantages_and_returns():
+        scaled = scale_reward(rewards, return_stats, args.clip_reward) if args.norm_reward else rewards.float()
+        with torch.no_grad():  # bootstrap value if not done
+            next_value = agent.get_value(network_input(next_raw, obs_stats, args)).reshape(1, -1)
+            dones, next_done = all_dones[:-1], all_dones[-1]
+            return compute_gae(scaled, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
+
+    def minibatch_backward(mb_inds, mb_advantages, b_returns):
+        minibatch = [b[mb_inds] for b in (b_obs, b_actions, b_logprobs, b_returns, b_values)]  # ppo_loss's order
+        loss, mb_stats = ppo_loss(model, mb_advantages, *minibatch, args)
+        optimizer.zero_grad(set_to_none=False)
+        loss.backward()
+        return mb_stats
+
+    def clip_and_step(*_):
+        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+        optimizer.step()
+
+    # --cudagraphs: each one CUDA graph replay; the update is cut at its gradient all-reduce (cleanrl_ddp/graphs.py)
+    capture = graphs.enabled(args, run)  # only CUDA captures: on the CPU the same functions run eagerly
+    policy_step = graphs.graphed(policy_step, capture)
+    advantages_and_returns = graphs.graphed(advantages_and_returns, capture)
+    ddp, flat = model is not agent, world_size > 1 and args.grad_sync == "flat"
+    all_reduce = partial(all_reduce_gradients_flat, list(agent.parameters()), world_size) if flat else None
+    update = graphs.Update(capture, *graphs.optimizer_step(minibatch_backward, clip_and_step, all_reduce, ddp))
     num_iterations, preempted = sizes.num_iterations, False
     rt.open_run(run, sizes, ckpt)
 
     for iteration in range(start_iteration, num_iterations + 1):
         rollout_start = time.perf_counter()
-        if args.anneal_lr:
-            frac = 1.0 - (iteration - 1.0) / num_iterations
-            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+        lr = args.learning_rate * (1.0 - (iteration - 1.0) / num_iterations if args.anneal_lr else 1.0)
+        graphs.set_lr(optimizer, lr)
 
         host_dones[0] = host_dones[-1]
         for step in range(args.num_steps):
             global_step += sizes.num_envs  # global: all ranks step at once
-            # the statistics stay fixed during the rollout: every obs of the iteration is normalised alike
-            raw_obs[step] = next_raw  # a copy: `staging` is reused below
-            next_obs = network_input(next_raw, obs_stats, args)
-            obs[step] = next_obs
-
-            # ALGO LOGIC: action logic (the unwrapped agent: inference must not go through DDP)
-            with torch.no_grad():
-                action, logprob, _, value = agent.get_action_and_value(next_obs)
-                values[step] = value.flatten()
-            actions[step] = action
-            logprobs[step] = logprob
+            raw_obs[step] = next_raw  # a copy: `next_raw` is refilled below
+            policy_step(steps[step : step + 1])
 
             # TRY NOT TO MODIFY: execute the game and log data.
             # the env gets the action clipped to its bounds; the buffer keeps the sampled one (its logprob)
             next_raw_obs, reward, terminations, truncations, _ = envs.step(
-                np.clip(action.cpu().numpy(), action_low, action_high)
+                np.clip(actions[step].cpu().numpy(), action_low, action_high)
             )
             next_done = np.logical_or(terminations, truncations)
             episodes.step(reward, next_done)
@@ -450,36 +475,21 @@ def main() -> None:
             discounted_return[next_done] = 0
             host_rewards[step] = torch.from_numpy(reward)
             host_dones[step + 1] = torch.from_numpy(next_done)
-            next_raw = rt.to_device(next_raw_obs, device, staging)
+            graphs.fill(next_raw, next_raw_obs, staging)
 
-        raw_returns = host_returns.to(device, non_blocking=run.on_cuda)
-        rewards = host_rewards.to(device, non_blocking=run.on_cuda)
-        rewards = scale_reward(rewards, return_stats, args.clip_reward) if args.norm_reward else rewards.float()
-        all_dones = host_dones.to(device, non_blocking=run.on_cuda)
-        dones, next_done = all_dones[:-1], all_dones[-1]
+        rewards.copy_(host_rewards, non_blocking=True)
+        all_dones.copy_(host_dones, non_blocking=True)
+        raw_returns.copy_(host_returns, non_blocking=True)
         update_start = time.perf_counter()
-        grad_sync_seconds = 0.0
-        # bootstrap value if not done
-        with torch.no_grad():
-            next_value = agent.get_value(network_input(next_raw, obs_stats, args)).reshape(1, -1)
-            advantages, returns = compute_gae(
-                rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda
-            )
+        advantages, returns = advantages_and_returns()
+        b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
 
-        # CRUCIAL: the one point where the statistics change, after the bootstrap value (which must see the
-        # rollout's): every rank merges the samples of all ranks, so all normalise alike next time
+        # CRUCIAL: the statistics change only here, after the bootstrap value (normalised as the rollout was),
+        # from the samples of all ranks, so that all normalise alike
         if args.norm_obs:
             obs_stats.update(raw_obs, world_size)
         if args.norm_reward:
             return_stats.update(raw_returns, world_size)
-
-        # flatten the batch
-        b_obs = obs.reshape((-1,) + obs_shape)
-        b_logprobs = logprobs.reshape(-1)
-        b_actions = actions.reshape((-1,) + action_shape)
-        b_advantages = advantages.reshape(-1)
-        b_returns = returns.reshape(-1)
-        b_values = values.reshape(-1)
 
         # Optimizing the policy and value network (the same minibatches, so the same all-reduces, on every rank)
         loss_sums, num_updates = {}, 0
@@ -490,24 +500,7 @@ def main() -> None:
             if args.norm_adv:
                 epoch_advantages = normalize_advantages(epoch_advantages, world_size)
             for mb_inds, mb_advantages in zip(b_inds, epoch_advantages, strict=True):
-                loss, mb_stats = ppo_loss(
-                    model,
-                    mb_advantages,
-                    mb_obs=b_obs[mb_inds],
-                    mb_actions=b_actions[mb_inds],
-                    mb_logprobs=b_logprobs[mb_inds],
-                    mb_returns=b_returns[mb_inds],
-                    mb_values=b_values[mb_inds],
-                    args=args,
-                )
-                optimizer.zero_grad(set_to_none=False)
-                loss.backward()
-                if world_size > 1 and args.grad_sync == "flat":
-                    sync_start = time.perf_counter()
-                    all_reduce_gradients_flat(list(agent.parameters()), world_size)
-                    grad_sync_seconds += time.perf_counter() - sync_start
-                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                optimizer.step()
+                (mb_stats,) = update(mb_inds, mb_advantages, b_returns)
                 loss_sums = {k: loss_sums.get(k, 0) + v for k, v in mb_stats.items()}
                 num_updates += 1
 
@@ -535,7 +528,7 @@ def main() -> None:
         norm = dict(count=obs_stats.count, obs_std_mean=obs_stats.var.sqrt().mean(), return_std=return_stats.var.sqrt())
         norm = dict(zip(norm, torch.stack(list(norm.values())).tolist(), strict=True))
         scalars = {
-            "charts/learning_rate": optimizer.param_groups[0]["lr"],
+            "charts/learning_rate": lr,
             "losses/explained_variance": np.nan if var_y == 0 else 1 - var_diff / var_y,
             "charts/updates_per_iteration": num_updates,
             **{k: v for k, v in m.items() if k.startswith("losses/")},
@@ -544,8 +537,8 @@ def main() -> None:
             "perf/update_seconds": update_seconds,
             **{f"norm/{k}": v for k, v in norm.items()},
         }
-        if world_size > 1 and args.grad_sync == "flat":
-            scalars["perf/grad_sync_seconds"] = grad_sync_seconds
+        if flat:
+            scalars["perf/grad_sync_seconds"] = update.take_outside_seconds()
         rt.log(run, global_step, scalars, m)
         if args.sync_check_every and iteration % args.sync_check_every == 0:
             stats = [*obs_stats.tensors(), *return_stats.tensors()]

@@ -16,6 +16,7 @@ take `--total-timesteps` env steps. Run plumbing lives in cleanrl_ddp/runtime.py
 import os
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal, Optional
 
 import gymnasium as gym
@@ -28,7 +29,7 @@ import tyro
 from torch.distributions.categorical import Categorical
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from cleanrl_ddp import env_state, evals
+from cleanrl_ddp import env_state, evals, graphs
 from cleanrl_ddp import runtime as rt
 
 SCRIPT = os.path.basename(__file__)[: -len(".py")]
@@ -80,6 +81,8 @@ class Args(rt.RunArgs):
     """if toggled, evaluation takes the most likely action; --no-eval-greedy samples from the policy"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
     """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
+    cudagraphs: bool = False
+    """CUDA: the policy step, GAE and each minibatch update replayed as CUDA graphs (the CPU runs them eagerly)"""
 
 
 def make_env(env_id: str, render_mode: Optional[str] = None):
@@ -125,8 +128,7 @@ class Agent(nn.Module):
         return action, probs.log_prob(action), probs.entropy(), self.critic(x)
 
     def forward(self, x, action):
-        # the loss goes through `forward`, so that a DDP wrapper averages its gradients;
-        # the rollout calls `get_action_and_value` on the unwrapped agent
+        # the loss goes through `forward`, so that DDP averages its gradients; the rollout calls the unwrapped agent
         return self.get_action_and_value(x, action)
 
 
@@ -153,7 +155,7 @@ class Sizes(rt.Sizes):
 
 
 def derive_sizes(args: Args, world_size: int) -> Sizes:
-    """Global and per-rank sizes from the flags and the world size; raises RunError on bad input."""
+    """Global and per-rank sizes; raises RunError on bad input."""
     rt.require_at_least_1(args, "local_num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps")
     local_batch_size = args.local_num_envs * args.num_steps
     if local_batch_size % args.num_minibatches != 0:
@@ -212,8 +214,7 @@ def normalize_advantages(adv: torch.Tensor, world_size: int) -> torch.Tensor:
 
 
 def ppo_loss(model, mb_advantages, mb_obs, mb_actions, mb_logprobs, mb_returns, mb_values, args: Args):
-    """The clipped PPO loss of one local minibatch, and its named stats (detached). `model` is the
-    DDP-wrapped agent (or the plain one); `mb_advantages` come normalised with --norm-adv."""
+    """The clipped PPO loss of one local minibatch, and its named stats (detached); `model` may be DDP-wrapped."""
     _, newlogprob, entropy, newvalue = model(mb_obs, mb_actions)
     logratio = newlogprob - mb_logprobs
     ratio = logratio.exp()
@@ -246,10 +247,7 @@ def ppo_loss(model, mb_advantages, mb_obs, mb_actions, mb_logprobs, mb_returns, 
 
 
 def all_reduce_gradients_flat(params, world_size: int) -> None:
-    """Average gradients across ranks with one all-reduce of one flat buffer (instead of DDP).
-
-    After cswinter's batched scheme (entity-neural-network/incubator#220), used by CleanRL.
-    """
+    """Average gradients over ranks: one all-reduce of a flat buffer, not DDP (entity-neural-network/incubator#220)."""
     if world_size == 1:
         return
     grads = [p.grad for p in params]
@@ -277,8 +275,7 @@ def main() -> None:
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = ckpt["global_step"] if ckpt else 0
 
-    # CRUCIAL: every rank starts from the same weights, but steps its own envs with its own seeds and
-    # samples actions from its own stream. Env seeds are global env indices (disjoint across ranks).
+    # CRUCIAL: the same start weights on every rank, but each rank's own (disjoint) env seeds and random stream
     rt.seed_everything(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     envs = gym.vector.SyncVectorEnv(
@@ -293,27 +290,31 @@ def main() -> None:
     if world_size > 1:
         for tensor in agent.state_dict().values():  # the same start whichever --grad-sync is used
             dist.broadcast(tensor, src=0)
-    optimizer = optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    # fused: one kernel for all parameters; --cudagraphs: the learning rate a tensor that a captured step reads
+    optimizer = graphs.optimizer(
+        optim.Adam, agent.parameters(), args.learning_rate, args.cudagraphs, device, eps=1e-5, fused=True
+    )
     rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
     if ckpt:
         agent.load_state_dict(ckpt["agent"])
         optimizer.load_state_dict(ckpt["optimizer"])
         rt.resume_rng(run, ckpt, args.seed)
+    for p in agent.parameters():  # gradients allocated once: backward accumulates into them (CUDA graphs)
+        p.grad = torch.zeros_like(p)
     model = DDP(agent) if world_size > 1 and args.grad_sync == "ddp" else agent
 
     env_seed0 = args.seed + rank * args.local_num_envs
-    next_obs, _ = envs.reset(seed=env_seed0)
+    next_obs_np, _ = envs.reset(seed=env_seed0)
     episodes = rt.Episodes(args.local_num_envs)
     next_done = np.zeros(args.local_num_envs)
     if ckpt:  # every env continues exactly where it was, whichever rank steps it now
         share = env_state.split_for_rank(run, ckpt)
         if env_state.restore(run, envs.envs, share[0] if share else None):
-            next_obs, next_done, episodes.returns, episodes.lengths = (x.numpy() for x in share[1:])
+            next_obs_np, next_done, episodes.returns, episodes.lengths = (x.numpy() for x in share[1:])
         else:  # an env family with no state function: new episodes, from seeds no earlier attempt used
-            next_obs, _ = envs.reset(seed=env_seed0 + (start_iteration - 1) * sizes.num_envs)
+            next_obs_np, _ = envs.reset(seed=env_seed0 + (start_iteration - 1) * sizes.num_envs)
 
-    # ALGO Logic: Storage setup. Rewards and dones cross to the device once per rollout (page-locked on CUDA),
-    # observations at every step, through a staging buffer of their own.
+    # ALGO Logic: Storage setup, allocated once: a CUDA graph replays the addresses; rewards and dones cross per rollout
     n, obs_shape = args.local_num_envs, envs.single_observation_space.shape
     obs = torch.zeros((args.num_steps, n) + obs_shape, device=device)
     actions = torch.zeros((args.num_steps, n), dtype=torch.long, device=device)
@@ -323,56 +324,70 @@ def main() -> None:
     host_dones = torch.zeros((args.num_steps + 1, n), pin_memory=run.on_cuda)  # last row: next_done
     host_dones[-1] = torch.from_numpy(next_done)
     staging = torch.zeros((n,) + obs_shape, pin_memory=run.on_cuda)
-    next_obs = rt.to_device(next_obs, device, staging)
+    next_obs, rewards, all_dones = staging.to(device), host_rewards.to(device), host_dones.to(device)
+    graphs.fill(next_obs, next_obs_np, staging)
+    steps = torch.arange(args.num_steps, device=device)
+    b_obs = obs.reshape((-1,) + obs_shape)  # the flattened batch: views of the rollout buffers
+    b_logprobs, b_actions, b_values = logprobs.reshape(-1), actions.reshape(-1), values.reshape(-1)
+
+    def policy_step(step):
+        """The policy on `next_obs`, written into rollout row `step` (a tensor: one graph serves every row)."""
+        # ALGO LOGIC: action logic (the unwrapped agent: inference must not go through DDP)
+        with torch.no_grad():
+            action, logprob, _, value = agent.get_action_and_value(next_obs)
+        values[step], actions[step], logprobs[step] = value.flatten(), action, logprob
+
+    def advantages_and_returns():
+        with torch.no_grad():  # bootstrap value if not done
+            next_value = agent.get_value(next_obs).reshape(1, -1)
+            dones, next_done = all_dones[:-1], all_dones[-1]
+            return compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
+
+    def minibatch_backward(mb_inds, mb_advantages, b_returns):
+        minibatch = [b[mb_inds] for b in (b_obs, b_actions, b_logprobs, b_returns, b_values)]  # ppo_loss's order
+        loss, mb_stats = ppo_loss(model, mb_advantages, *minibatch, args)
+        optimizer.zero_grad(set_to_none=False)
+        loss.backward()
+        return mb_stats
+
+    def clip_and_step(*_):
+        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+        optimizer.step()
+
+    # --cudagraphs: each one CUDA graph replay; the update is cut at its gradient all-reduce (cleanrl_ddp/graphs.py)
+    capture = graphs.enabled(args, run)  # only CUDA captures: on the CPU the same functions run eagerly
+    policy_step = graphs.graphed(policy_step, capture)
+    advantages_and_returns = graphs.graphed(advantages_and_returns, capture)
+    ddp, flat = model is not agent, world_size > 1 and args.grad_sync == "flat"
+    all_reduce = partial(all_reduce_gradients_flat, list(agent.parameters()), world_size) if flat else None
+    update = graphs.Update(capture, *graphs.optimizer_step(minibatch_backward, clip_and_step, all_reduce, ddp))
     num_iterations, preempted = sizes.num_iterations, False
     rt.open_run(run, sizes, ckpt)
 
     for iteration in range(start_iteration, num_iterations + 1):
         rollout_start = time.perf_counter()
-        if args.anneal_lr:
-            frac = 1.0 - (iteration - 1.0) / num_iterations
-            optimizer.param_groups[0]["lr"] = frac * args.learning_rate
+        lr = args.learning_rate * (1.0 - (iteration - 1.0) / num_iterations if args.anneal_lr else 1.0)
+        graphs.set_lr(optimizer, lr)
 
         host_dones[0] = host_dones[-1]
         for step in range(args.num_steps):
             global_step += sizes.num_envs  # global: all ranks step at once
-            obs[step] = next_obs  # a copy: `staging` is reused below
-
-            # ALGO LOGIC: action logic (the unwrapped agent: inference must not go through DDP)
-            with torch.no_grad():
-                action, logprob, _, value = agent.get_action_and_value(next_obs)
-                values[step] = value.flatten()
-            actions[step] = action
-            logprobs[step] = logprob
+            obs[step] = next_obs  # a copy: `next_obs` is refilled below
+            policy_step(steps[step : step + 1])
 
             # TRY NOT TO MODIFY: execute the game and log data.
-            next_obs, reward, terminations, truncations, _ = envs.step(action.cpu().numpy())
+            next_obs_np, reward, terminations, truncations, _ = envs.step(actions[step].cpu().numpy())
             next_done = np.logical_or(terminations, truncations)
             episodes.step(reward, next_done)
             host_rewards[step] = torch.from_numpy(reward)
             host_dones[step + 1] = torch.from_numpy(next_done)
-            next_obs = rt.to_device(next_obs, device, staging)
+            graphs.fill(next_obs, next_obs_np, staging)
 
-        rewards = host_rewards.to(device, non_blocking=run.on_cuda)
-        all_dones = host_dones.to(device, non_blocking=run.on_cuda)
-        dones, next_done = all_dones[:-1], all_dones[-1]
-
+        rewards.copy_(host_rewards, non_blocking=True)
+        all_dones.copy_(host_dones, non_blocking=True)
         update_start = time.perf_counter()
-        grad_sync_seconds = 0.0
-        # bootstrap value if not done
-        with torch.no_grad():
-            next_value = agent.get_value(next_obs).reshape(1, -1)
-            advantages, returns = compute_gae(
-                rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda
-            )
-
-        # flatten the batch
-        b_obs = obs.reshape((-1,) + obs_shape)
-        b_logprobs = logprobs.reshape(-1)
-        b_actions = actions.reshape(-1)
-        b_advantages = advantages.reshape(-1)
-        b_returns = returns.reshape(-1)
-        b_values = values.reshape(-1)
+        advantages, returns = advantages_and_returns()
+        b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
 
         # Optimizing the policy and value network (the same minibatches, so the same all-reduces, on every rank)
         loss_sums, num_updates = {}, 0
@@ -383,24 +398,7 @@ def main() -> None:
             if args.norm_adv:
                 epoch_advantages = normalize_advantages(epoch_advantages, world_size)
             for mb_inds, mb_advantages in zip(b_inds, epoch_advantages, strict=True):
-                loss, mb_stats = ppo_loss(
-                    model,
-                    mb_advantages,
-                    mb_obs=b_obs[mb_inds],
-                    mb_actions=b_actions[mb_inds],
-                    mb_logprobs=b_logprobs[mb_inds],
-                    mb_returns=b_returns[mb_inds],
-                    mb_values=b_values[mb_inds],
-                    args=args,
-                )
-                optimizer.zero_grad(set_to_none=False)
-                loss.backward()
-                if world_size > 1 and args.grad_sync == "flat":
-                    sync_start = time.perf_counter()
-                    all_reduce_gradients_flat(list(agent.parameters()), world_size)
-                    grad_sync_seconds += time.perf_counter() - sync_start
-                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                optimizer.step()
+                (mb_stats,) = update(mb_inds, mb_advantages, b_returns)
                 loss_sums = {k: loss_sums.get(k, 0) + v for k, v in mb_stats.items()}
                 num_updates += 1
 
@@ -425,7 +423,7 @@ def main() -> None:
         var_y = m["y2"] / n - (m["y"] / n) ** 2
         var_diff = m["d2"] / n - (m["d"] / n) ** 2
         scalars = {
-            "charts/learning_rate": optimizer.param_groups[0]["lr"],
+            "charts/learning_rate": lr,
             "losses/explained_variance": np.nan if var_y == 0 else 1 - var_diff / var_y,
             "charts/updates_per_iteration": num_updates,
             **{k: v for k, v in m.items() if k.startswith("losses/")},
@@ -433,8 +431,8 @@ def main() -> None:
             "perf/rollout_seconds": update_start - rollout_start,
             "perf/update_seconds": update_seconds,
         }
-        if world_size > 1 and args.grad_sync == "flat":
-            scalars["perf/grad_sync_seconds"] = grad_sync_seconds
+        if flat:
+            scalars["perf/grad_sync_seconds"] = update.take_outside_seconds()
         rt.log(run, global_step, scalars, m)
         if args.sync_check_every and iteration % args.sync_check_every == 0:
             rt.check_replicas_in_sync(f"iteration {iteration}", world_size, agent, optimizer)

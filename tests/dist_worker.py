@@ -10,8 +10,9 @@ update_q_network; SAC, TD3: their update stages, with their losses also compiled
 check_replicas_in_sync, and compares distributed updates with the single-process updates on the union of the
 local minibatches; one launch covers several scripts. Then it runs the real `main()` of each script with a
 --compile flag (`ScriptSpec.compiled`), in the same processes, with --compile under DDP and with --grad-sync flat,
-and records what torch.compile traced (`compiled_run`); and of each script with --cudagraphs (`ScriptSpec.graphed`)
-with --grad-sync flat, recording what the functions that a GPU captures did (`graphed_run`).
+and records what torch.compile traced (`compiled_run`); and of each script whose 2-rank --cudagraphs runs are
+checked (`ScriptSpec.captured`), eagerly and with --cudagraphs under DDP and flat, every function that a GPU
+captures recorded by tests/graph_capture.py (`captured_runs`).
 `observe` runs the real script unchanged (runpy, as `__main__`) and records from outside what every
 rank did: env seeds, env steps, sampled actions, RNG streams, optimizer steps, parameters before the
 first update, final parameters and optimizer state, the env step of every optimizer step, target networks
@@ -33,7 +34,6 @@ import random
 import re
 import runpy
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,20 +88,24 @@ class ScriptSpec:
     """the functions that the script's --compile compiles (its losses); empty: the script has no --compile"""
     compile_timesteps: int = 0
     """--total-timesteps of the 2-rank --compile runs of `unit` (with `tiny`): a few updates of every loss"""
-    graphed: tuple = ()
-    """SAC and TD3: the functions that --cudagraphs captures at 2 ranks with --grad-sync flat (`graphs.graphed`, by
-    name; `graphed_run`); empty: not recorded that way"""
-    graphed_timesteps: int = 0
-    """--total-timesteps of the 2-rank --cudagraphs run of `unit` (with `tiny`): every captured function replayed"""
     captured: dict = field(default_factory=dict)
-    """the Atari scripts: the functions --cudagraphs captures (tests/graph_capture.py, `captured_runs`), by run: "1"
-    (world size 1), and "ddp" and "flat" where the unit launch also runs it on 2 ranks; empty: not recorded that way"""
+    """the functions --cudagraphs captures (tests/graph_capture.py, `captured_runs`), by run: "1" (world size 1), and
+    "ddp" and "flat" where the unit launch also runs it on 2 ranks; empty: the script has no --cudagraphs path"""
     capture_flags: list = field(default_factory=list)
     """flags of the --cudagraphs runs (tests/graph_capture.py): every function replays at least once, and a float32
     learning rate (2**-12, 4 iterations), so that the runs with and without the flag can be compared bitwise"""
     capture_timesteps: int = 0
     """--total-timesteps of the world-size-1 --cudagraphs run (twice that on 2 ranks)"""
 
+
+# the --cudagraphs runs of the PPO and PQN scripts: 4 iterations of 2 envs x 8 steps per rank, 2 minibatches (GAE
+# replays once, the update 5 times), and a float32 learning rate (2**-12), so that they compare bitwise with eager
+PPO_CAPTURE = ["--local-num-envs", "2", "--num-steps", "8", "--num-minibatches", "2", "--update-epochs", "1"]
+PPO_CAPTURE += ["--checkpoint-every", "0", "--learning-rate", "0.000244140625"]
+# SAC's and TD3's --cudagraphs runs: as `tiny`, on Pendulum-v1 with updates from global step 32
+OFF_POLICY_CAPTURE = ["--env-id", "Pendulum-v1", "--local-num-envs", "1", "--buffer-size", "240", "--learning-starts"]
+OFF_POLICY_CAPTURE += ["32", "--local-batch-size", "8", "--updates-per-iteration", "2", "--log-every", "8"]
+OFF_POLICY_CAPTURE += ["--checkpoint-every", "0", "--sync-check-every", "1"]
 
 SCRIPTS = {
     spec.script: spec
@@ -114,6 +118,9 @@ SCRIPTS = {
             local_batch=32,
             target_kl=["--update-epochs", "8", "--learning-rate", "0.01", "--target-kl", "0.003"],
             two_nodes=True,
+            captured={"1": ("policy_step", "advantages_and_returns", "minibatch_backward+clip_and_step")},
+            capture_flags=PPO_CAPTURE,
+            capture_timesteps=4 * 2 * 8,
         ),
         ScriptSpec(
             "ppo_atari_multigpu.py",  # uint8 frames, NCHW view of an NHWC buffer as in the script
@@ -127,7 +134,7 @@ SCRIPTS = {
             compiled=("ppo_loss",),
             compile_timesteps=64,  # one iteration: 4 minibatch updates
             captured={
-                "1": ("policy_step", "advantages_and_returns", "backward_and_step"),
+                "1": ("policy_step", "advantages_and_returns", "minibatch_backward+clip_and_step"),
                 "flat": ("policy_step", "advantages_and_returns", "minibatch_backward", "clip_and_step"),
                 "ddp": ("policy_step", "advantages_and_returns", "clip_and_step"),  # DDP all-reduces in backward
             },
@@ -148,7 +155,10 @@ SCRIPTS = {
             # world sizes are that script's (same functions), so one whole run, ddp on 2 ranks, covers the rollout
             whole_runs=(("ddp", 2),),
             # --cudagraphs at world size 1 only: its 2-rank update is ppo_atari_multigpu.py's, checked there
-            captured={"1": ("policy_step(h=0)", "policy_step(h=1)", "advantages_and_returns", "backward_and_step")},
+            captured={
+                "1": ("policy_step(h=0)", "policy_step(h=1)", "advantages_and_returns")
+                + ("minibatch_backward+clip_and_step",)
+            },
             capture_flags=["--local-num-envs", "2", "--num-steps", "8", "--num-minibatches", "2", "--update-epochs"]
             + ["1", "--learning-rate", "0.000244140625", "--checkpoint-every", "0"],
             capture_timesteps=4 * 2 * 8,
@@ -162,6 +172,9 @@ SCRIPTS = {
             + ["--num-minibatches", "2", "--update-epochs", "2"],
             local_batch=32,
             target_kl=["--update-epochs", "8", "--learning-rate", "0.01", "--target-kl", "0.003"],
+            captured={"1": ("policy_step", "advantages_and_returns", "minibatch_backward+clip_and_step")},
+            capture_flags=["--env-id", "InvertedPendulum-v5", *PPO_CAPTURE],
+            capture_timesteps=4 * 2 * 8,
         ),
         ScriptSpec(
             "dqn_atari_multigpu.py",  # Breakout: 4 actions; uint8 frame stacks, NCHW
@@ -201,6 +214,9 @@ SCRIPTS = {
             tiny=["--local-num-envs", "2", "--num-steps", "16", "--num-minibatches", "2", "--update-epochs", "2"],
             local_batch=32,
             pqn=True,
+            captured={"1": ("policy_step", "lambda_returns")},  # --cudagraphs: the update stays eager
+            capture_flags=PPO_CAPTURE[:-2],  # RAdam's rate is read on the host: any rate compares bitwise
+            capture_timesteps=4 * 2 * 8,
         ),
         ScriptSpec(
             "pqn_atari_multigpu.py",  # Breakout: 4 actions; uint8 frame stacks, NCHW
@@ -234,10 +250,18 @@ SCRIPTS = {
             update_rtol=1e-4,  # Adam's eps 1e-8, as DQN's
             compiled=("critic_loss", "policy_loss", "temperature_loss"),
             compile_timesteps=36,  # updates at global steps 34 and 36: 4 critic, 4 actor and 4 temperature steps
-            # at 2 ranks, flat: each update cut at its all-reduces (the action choice is the lambda)
-            graphed=("<lambda>", "critic_backward", "critic_step+update_targets", "actor_backward")
-            + ("actor_step+temperature_backward", "temperature_step"),
-            graphed_timesteps=44,  # 6 iterations with updates: 6 actions, 12 critic and 12 actor steps
+            # each update whole at world size 1, cut at its all-reduces at 2 ranks: flat between the backward and the
+            # step, DDP inside the backward, which then runs eagerly (the action choice is the lambda)
+            captured={
+                "1": ("<lambda>", "critic_backward+critic_step+update_targets")
+                + ("actor_backward+actor_step+temperature_backward+temperature_step",),
+                "flat": ("<lambda>", "critic_backward", "critic_step+update_targets", "actor_backward")
+                + ("actor_step+temperature_backward", "temperature_step"),
+                "ddp": ("<lambda>", "critic_step+update_targets", "actor_step+temperature_backward")
+                + ("temperature_step",),
+            },
+            capture_flags=OFF_POLICY_CAPTURE,
+            capture_timesteps=44,  # 6 iterations with updates: 6 actions, 12 critic and 12 actor steps
         ),
         ScriptSpec(
             "td3_continuous_action_multigpu.py",  # unit: Hopper-v5's 11 observations, 3 actions
@@ -255,8 +279,13 @@ SCRIPTS = {
             update_rtol=1e-4,
             compiled=("critic_loss", "policy_loss"),
             compile_timesteps=36,  # updates at global steps 34 and 36: 4 critic and 2 actor steps
-            graphed=("<lambda>", "critic_backward", "critic_step", "actor_backward", "actor_step+update_targets"),
-            graphed_timesteps=44,  # 6 iterations with updates: 6 actions, 12 critic and 6 actor steps
+            captured={
+                "1": ("<lambda>", "critic_backward+critic_step", "actor_backward+actor_step+update_targets"),
+                "flat": ("<lambda>", "critic_backward", "critic_step", "actor_backward", "actor_step+update_targets"),
+                "ddp": ("<lambda>", "critic_step", "actor_step+update_targets"),
+            },
+            capture_flags=OFF_POLICY_CAPTURE,
+            capture_timesteps=44,  # 6 iterations with updates: 6 actions, 12 critic and 6 actor steps
         ),
     ]
 }
@@ -638,8 +667,8 @@ def record_grads(into: list):
 
 # torch.compile's backend in the --compile checks: "aot_eager" traces the losses as inductor does (Dynamo's graphs and
 # graph breaks, DDP's graph splitting, AOTAutograd's forward and backward) and runs the traced aten graphs; inductor's
-# code generation alone is left to benchmark/gpu_check.py: it takes minutes on the 2-core CI machine (figures in
-# docs/sac_continuous_action_multigpu.md)
+# code generation alone is left to benchmark/gpu_check.py: it takes minutes on the 2-core CI machine
+# (docs/correctness.md, `--compile`)
 COMPILE_BACKEND = "aot_eager"
 
 
@@ -800,97 +829,6 @@ def compiled_run(script_path: str, flags: list, store, prefix: str) -> dict:
     return rec
 
 
-# the torch.distributed functions that communicate: any of them inside a captured function would be captured
-COLLECTIVE_FUNCTIONS = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter")
-COLLECTIVE_FUNCTIONS += ("reduce_scatter_tensor", "all_to_all", "all_to_all_single", "reduce", "gather", "scatter")
-COLLECTIVE_FUNCTIONS += ("barrier", "all_gather_object", "broadcast_object_list", "send", "recv", "isend", "irecv")
-
-
-def graphed_run(script_path: str, flags: list, store, prefix: str) -> dict:
-    """The real script's `main()` with `flags` and --cudagraphs, here (a rank of the `unit` launch): on the CPU the
-    same functions run eagerly, and every function that a GPU would capture (`graphs.graphed`) is watched. Returns
-    its calls by name; every torch.distributed call made while one runs (none may be: a captured collective) and
-    outside them, by function; and from its capture call (`graphs.WARMUP`) on, every gradient or optimizer state
-    tensor that a call allocated or replaced (none may be: the graph's memory would hold it)."""
-    import traceback
-
-    import torch.distributed as dist
-
-    rec = dict(graphed={}, collectives_inside=[], collectives_outside={}, allocated=[], error=None)
-    optimizers, inside = [], []
-
-    def persistent() -> dict:
-        """The storage of every gradient and optimizer state tensor, by (optimizer, parameter, what)."""
-        out = {}
-        for k, o in enumerate(optimizers):
-            for i, p in enumerate(p for g in o.param_groups for p in g["params"]):
-                where = f"optimizer {k} parameter {i} {list(p.shape)}"
-                out[f"{where} grad"] = None if p.grad is None else p.grad.data_ptr()
-                out |= {f"{where} {key}": v.data_ptr() for key, v in o.state.get(p, {}).items() if torch.is_tensor(v)}
-        return out
-
-    def recording_graphed(fn, enabled):
-        name, calls = fn.__name__, [0]
-        rec["graphed"].setdefault(name, 0)
-
-        def call(*args, **kw):
-            calls[0] += 1
-            rec["graphed"][name] += 1
-            before = persistent() if calls[0] >= graphs.WARMUP else None
-            inside.append(name)
-            try:
-                return fn(*args, **kw)
-            finally:
-                inside.pop()
-                after = persistent() if before is not None else {}
-                rec["allocated"] += [f"{name} call {calls[0]}: {k}" for k, v in after.items() if before.get(k) != v]
-
-        return call
-
-    def recording(function_name, real):
-        def call(*args, **kw):
-            if inside:
-                rec["collectives_inside"].append(f"{function_name} inside {inside[-1]}")
-            else:
-                rec["collectives_outside"][function_name] = rec["collectives_outside"].get(function_name, 0) + 1
-            return real(*args, **kw)
-
-        return call
-
-    def recording_optimizer_init(self, *args, **kw):
-        optimizer_init(self, *args, **kw)
-        optimizers.append(self)
-
-    def init_process_group(*args, **kw):  # called by the script's rt.start
-        return dist_init(*args, store=dist.PrefixStore(prefix, store), **kw)
-
-    mod = import_script(script_path)
-    real = {name: getattr(dist, name) for name in COLLECTIVE_FUNCTIONS}
-    optimizer_init, dist_init, real_graphed = torch.optim.Optimizer.__init__, dist.init_process_group, graphs.graphed
-    for name, function in real.items():
-        setattr(dist, name, recording(name, function))
-    torch.optim.Optimizer.__init__, dist.init_process_group = recording_optimizer_init, init_process_group
-    graphs.graphed = recording_graphed
-    sys.argv = [script_path, *map(str, flags), "--cudagraphs"]
-    start = time.perf_counter()
-    try:
-        mod.main()
-    except BaseException:
-        rec["error"] = traceback.format_exc()
-    finally:
-        for name, function in real.items():
-            setattr(dist, name, function)
-        torch.optim.Optimizer.__init__, dist.init_process_group, graphs.graphed = (
-            optimizer_init,
-            dist_init,
-            real_graphed,
-        )
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    rec["seconds"] = time.perf_counter() - start
-    return rec
-
-
 def captured_runs(outdir: Path, script_path: str, store, rank: int) -> None:
     """The script's real main() on the 2 ranks of the `unit` launch: eager (DDP), then --cudagraphs under DDP and
     with --grad-sync flat, each graphed function recorded by tests/graph_capture.py; each run writes its report
@@ -912,7 +850,7 @@ def captured_runs(outdir: Path, script_path: str, store, rank: int) -> None:
             if graphed:
                 out = graph_capture.graphed_run(script_path, flags)
             else:
-                out = dict(functions={}, error=graph_capture.run_main(script_path, flags))
+                out = dict(functions={}, error=graph_capture.run_main(script_path, [*flags, "--no-cudagraphs"]))
         finally:
             dist.init_process_group = dist_init
             if dist.is_initialized():
@@ -939,12 +877,6 @@ def unit(outdir: Path, script_paths: list) -> None:
             flags += ["--total-timesteps", spec.compile_timesteps, "--runs-dir", outdir / f"runs-{stem}-{grad_sync}"]
             out = compiled_run(script_path, flags, store, prefix=f"{stem}-{grad_sync}/")
             (outdir / f"{stem}_compiled_{grad_sync}_rank{rank}.json").write_text(json.dumps(out, indent=1))
-        if spec.graphed:  # --cudagraphs: its real main(), flat (DDP's all-reduce would be inside a graph)
-            flags = [*spec.tiny, "--seed", 7, "--dist-timeout", 60, "--grad-sync", "flat", "--sync-check-every", 1]
-            flags += ["--total-timesteps", spec.graphed_timesteps, "--runs-dir", outdir / f"runs-{stem}-graphed"]
-            out = graphed_run(script_path, flags, store, prefix=f"{stem}-graphed/")
-            (outdir / f"{stem}_graphed_rank{rank}.json").write_text(json.dumps(out, indent=1))
-
         if "flat" in spec.captured:  # --cudagraphs: what it would capture, recorded; its runs against eager
             captured_runs(outdir, script_path, store, rank)
 

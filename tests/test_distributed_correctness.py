@@ -20,8 +20,6 @@ from dist_worker import SCRIPTS
 from graph_capture import differences
 from helpers import REPO, assert_one_line_error, free_port, launch, only_run_dir, read_scalars
 
-from cleanrl_ddp.graphs import WARMUP
-
 WORKER = REPO / "tests" / "dist_worker.py"
 TIMEOUT = 240  # seconds per launch; a hang (e.g. ranks issuing different collectives) fails the test
 COMMON = ["--dist-timeout", "60", "--seed", "7"]  # a desynchronised collective errors out within a minute
@@ -549,48 +547,11 @@ def test_compile_optimizers_fused(compiled):
         assert r["fused"] == [True] * (3 if spec.sac else 2 if spec.td3 else 1), r["fused"]
 
 
-# --cudagraphs captures each update (world size 1: whole; more: cut at the gradient all-reduces) and the action
-# choice, which a GPU then replays: no collective may run inside a captured function, and nothing that outlives a call
-# (gradients, optimizer state) may be allocated by the capture or a replay. The real script's main() with
-# --cudagraphs --grad-sync flat on 2 ranks, inside the unit launch (`graphed_run` in tests/dist_worker.py): on the CPU
-# the same functions run eagerly, each watched. No host wait inside them: tests/test_host_syncs.py.
-GRAPHED = [s for s, spec in SCRIPTS.items() if spec.graphed]
-
-
-@pytest.fixture(params=GRAPHED, ids=[s[:-3] for s in GRAPHED])
-def graphed(request, unit_dir):
-    """(ScriptSpec, what each rank's --cudagraphs run recorded)."""
-    ranks = [json.loads((unit_dir / f"{request.param[:-3]}_graphed_rank{r}.json").read_text()) for r in (0, 1)]
-    for r in ranks:
-        assert r["error"] is None, r["error"]
-    return SCRIPTS[request.param], ranks
-
-
-def test_cudagraphs_capture_no_collective(graphed):
-    """At 2 ranks the captured functions are the update's pieces between its all-reduces and the action choice, each
-    called past its capture; no torch.distributed function runs inside one, and the flat all-reduces of the critics'
-    and the actor's gradients run between them (the loop's metrics and the replica checks add theirs)."""
-    spec, ranks = graphed
-    for r in ranks:
-        assert sorted(name for name, calls in r["graphed"].items() if calls) == sorted(spec.graphed), r["graphed"]
-        assert min(r["graphed"][name] for name in spec.graphed) > WARMUP, r["graphed"]
-        assert r["collectives_inside"] == [], r["collectives_inside"]
-        updates = 12 + (12 if spec.sac else 6) * (2 if spec.sac else 1)  # critic, actor (and log_alpha) all-reduces
-        assert r["collectives_outside"].get("all_reduce", 0) >= updates, r["collectives_outside"]
-
-
-def test_cudagraphs_allocate_nothing_in_capture(graphed):
-    """From its capture call on, a captured function neither allocates nor replaces a gradient or an optimizer state
-    tensor: the optimizers' state exists after the eager warm-up calls, and backward accumulates into the gradients
-    allocated before the loop (zero_grad keeps them)."""
-    _, ranks = graphed
-    for r in ranks:
-        assert r["allocated"] == [], r["allocated"][:5]
-
-
 # --cudagraphs (docs/correctness.md): the real main() on the 2 ranks of the unit launch, eagerly under DDP,
 # then with --cudagraphs under DDP and with --grad-sync flat, each function that a CUDA device would capture recorded
-# by tests/graph_capture.py (`captured_runs` in tests/dist_worker.py); world size 1 is tests/test_cudagraphs_atari.py's.
+# by tests/graph_capture.py (`captured_runs` in tests/dist_worker.py): no collective inside a graph, nothing that
+# outlives a call (gradients, optimizer state) made by the capture or moved after it, and both runs bitwise the eager
+# one, so DDP under CUDA graphs equals the flat all-reduce. World size 1 is tests/test_cudagraphs.py's.
 CAPTURED = [(s, run) for s, spec in SCRIPTS.items() for run in ("ddp", "flat") if run in spec.captured]
 
 

@@ -1,6 +1,6 @@
 """CleanRL's `cleanrl/ppo_atari_multigpu.py` (github.com/vwxyzjn/cleanrl at fe8d8a0), kept as the speed baseline of
 cleanrl_ddp/ppo_atari_multigpu.py: gpu_check's `cleanrl 8 envs` row runs it (`--cleanrl-script`) next to ours, where
-the GPU machine gets nothing but this repository (docs/benchmarks.md). Copyright (c) 2019 CleanRL developers, MIT
+the GPU machine gets nothing but this repository (docs/gpu.md). Copyright (c) 2019 CleanRL developers, MIT
 License.
 
 Ported to gymnasium 1.x and ale-py 0.9+, nothing else changed (the `# PORT:` lines):

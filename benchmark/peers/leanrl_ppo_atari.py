@@ -1,6 +1,6 @@
 """LeanRL's `leanrl/ppo_atari_envpool_torchcompile.py` (github.com/meta-pytorch/LeanRL at 760837e), kept as the speed
 anchor of cleanrl_ddp/ppo_atari_multigpu.py: gpu_check's `leanrl 8 envs` row runs it with `--compile --cudagraphs`
-next to ours (docs/benchmarks.md). Copyright (c) 2024 LeanRL developers, MIT License.
+next to ours (docs/gpu.md). Copyright (c) 2024 LeanRL developers, MIT License.
 
 Ported to EnvPool 1.2, gymnasium 1.x, tensordict 0.14 and torch 2.11-2.13, nothing else changed (the `# PORT:` lines):
 - `import gymnasium as gym` for `import gym`: EnvPool 1.2's only gym-style API is gymnasium's (`env_type="gymnasium"`;

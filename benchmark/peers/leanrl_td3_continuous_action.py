@@ -1,5 +1,5 @@
 """LeanRL's `leanrl/td3_continuous_action_torchcompile.py` (github.com/meta-pytorch/LeanRL at 760837e), kept as
-the speed baseline of cleanrl_ddp/td3_continuous_action_multigpu.py --cudagraphs (docs/benchmarks.md, gpu_check's
+the speed baseline of cleanrl_ddp/td3_continuous_action_multigpu.py --cudagraphs (docs/gpu.md, gpu_check's
 `leanrl` row). Copyright (c) 2024 LeanRL developers, MIT License. Needs torchrl (its replay buffer): runs on torchrl
 0.14.1 with tensordict 0.14.3 (pip install torchrl==0.14.1) and torch 2.13. Run with WANDB_MODE=disabled.
 
