@@ -109,26 +109,26 @@ def profile_steps(module_name: str, env_id: str, steps: int, warmup: int = 20, d
         def update_targets(_):
             mod.soft_update([qf], [qf_target], args.tau)
 
-        update_critics = graphs.Update(cudagraphs, *critic, update_targets)
+        critic = [*critic, update_targets]
         stages = mod.actor_stages(actor, actor, qf, actor_optimizer, alpha, args, world_size, mod.policy_loss)
         stages += mod.temperature_stages(
             actor, log_alpha, alpha, a_optimizer, world_size, -float(action_dim), mod.temperature_loss
         )
-        update_actor = graphs.Update(cudagraphs, *stages)
         act = graphs.graphed(lambda obs: actor(obs)[0], cudagraphs)
     else:
         critic = mod.critic_stages(qf, qf, qf_target, target_actor, q_optimizer, args, world_size, mod.critic_loss)
-        update_critics = graphs.Update(cudagraphs, *critic)
         stages = mod.actor_stages(
             actor, actor, qf, target_actor, qf_target, actor_optimizer, args, world_size, mod.policy_loss
         )
-        update_actor = graphs.Update(cudagraphs, *stages)
         act = graphs.graphed(lambda obs: mod.eval_action(actor, obs, False, None, args), cudagraphs)
+    critic, stages = [s for s in critic if s is not None], [s for s in stages if s is not None]
+    update_critics, update_actor = graphs.Update(cudagraphs, *critic), graphs.Update(cudagraphs, *stages)
+    pieces = {update_critics: critic, update_actor: stages}  # eagerly: each stage timed on its own
 
     def timed_update(update, inputs) -> list:
         """Each stage (eagerly) or each captured part of `update`, timed in its part; the tensors they return."""
         outputs = []
-        for piece in update.parts if cudagraphs else update.stages:
+        for piece in update.parts if cudagraphs else pieces[update]:
             first = getattr(piece, "__name__", "").split("+")[0]
             with timer(STAGE_PARTS.get(first, "all_reduce")):
                 out = piece(inputs)

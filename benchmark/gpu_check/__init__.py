@@ -18,8 +18,8 @@ has the machine alone:
    the env-only ceiling of the same command (benchmark/throughput.py), with the update's share of the time; at 8
    envs, where one iteration's time goes (benchmark/profile_rollout.py), CleanRL's own script (`--cleanrl-script`)
    and LeanRL's (`--leanrl-script`);
-3. `graphs:` for the Atari PPO, SAC and TD3 (--cudagraphs bitwise equal to --no-cudagraphs, resumed with and without
-   it, on 2 ranks too), `gloo:`/`flat:` for the Atari PPO and SAC (2 ranks sharing the GPU through gloo, DDP and
+3. `graphs:` for the Atari PPO, SAC and TD3 (--cudagraphs bitwise equal to --no-cudagraphs, trained on with and
+   without it, on 2 ranks too), `gloo:`/`flat:` for the Atari PPO and SAC (2 ranks sharing the GPU through gloo, DDP and
    `--grad-sync flat`, replicas compared every iteration), `nccl-1` (an NCCL process group at world size 1: the
    collectives the scripts make), `sync-debug:` for the Atari PPO (its synchronizing CUDA operations, counted),
    `compile:` for the Atari PPO (2 ranks, DDP, `--compile`; torch's log of a graph run without CUDA graphs fails a
@@ -33,7 +33,7 @@ budget: `script:`, `gloo:`, `flat:`, `graphs:`, `graphs-speed:` and `sync-debug:
 `compile:`/`compile-flat:` for the three scripts with `--compile` and `compile-speed:` (the default path against
 `--compile`), `nccl-guard` (NCCL with 2 ranks on one GPU stops before init with one line), `env-sweep:64`, and for
 SAC and TD3 `profile:` and `leanrl:` (LeanRL's own script beside ours, `--leanrl-sac-script`, `--leanrl-td3-script`).
-docs/benchmarks.md says what each check means, and the budget's table.
+docs/gpu.md says what each check means, and the budget's table.
 
 The package: `sizes` (the script table and every check's sizes, by device), `plan` (the profiles and the budget's
 estimates), `runner` (processes, the summary, the steps), `correctness` (the checks that the CUDA paths run and

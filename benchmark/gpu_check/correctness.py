@@ -215,7 +215,7 @@ def check_evaluate(c: Check) -> list[Result]:
         name = f"evaluate on {device}"
         cmd = [sys.executable, "-m", "cleanrl_ddp.evaluate", str(c.trained[ATARI]), "--episodes", "2", "--sample"]
         # on the CPU one thread: a batch of 2 frames gains nothing from more, and beside the other checks of its step
-        # torch's 16 threads made it 49 s instead of about 10 (H200, 2026-11-26; docs/benchmarks.md)
+        # torch's 16 threads made it 49 s instead of about 10 (H200, 2026-11-26; docs/gpu.md)
         env = {**c.env, "OMP_NUM_THREADS": "1"} if device == "cpu" else None
         code, out, seconds = c.run(name, [*cmd, "--device", device], env=env)
         line = next((line for line in out.splitlines() if " return " in line and "±" in line), None)
@@ -320,7 +320,7 @@ def graphs_pairs(row: Graphs) -> list[tuple[str, str]]:
 
 
 def check_graphs(c: Check, script: str) -> Result:
-    """--cudagraphs against --no-cudagraphs from the same seeds (docs/benchmarks.md#graphs), the runs of the script's
+    """--cudagraphs against --no-cudagraphs from the same seeds (docs/gpu.md), the runs of the script's
     row in `Sizes.graphs`: at world size 1; on 2 ranks sharing the device (gloo) for each --grad-sync of the row,
     each against the first one's --no-cudagraphs run; and the --cudagraphs run's final checkpoint resumed with a
     larger --total-timesteps once with and once without the flag. Every pair's final checkpoints are bitwise equal

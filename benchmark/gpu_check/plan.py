@@ -2,7 +2,7 @@
 the most important answers first, and `--full`, every check one at a time.
 
 `ESTIMATES` holds each check's seconds on one H200 (by name, else by kind), from the quick profiles of 2026-11-26
-(docs/benchmarks.md has the table with the source of each); `--budget` (360 s for the quick profile on CUDA)
+(docs/gpu.md has the table with the source of each); `--budget` (360 s for the quick profile on CUDA)
 starts a check only if its estimate ends within the budget, and a check that would not is a `skip` line saying so.
 """
 
