@@ -12,6 +12,12 @@ Each run is the script's own command line with `--env-id`, `--seed`, `--runs-dir
 `--run-name` appended (`torchrun --standalone` when the world size is above 1). A run is complete
 when its directory holds `harness.json`, written after the command exits 0; an interrupted run keeps
 its name, so running the grid again resumes it from its checkpoint.
+
+The report takes every run directory under --runs-dir that holds TensorBoard events: complete grid runs
+(harness.json), runs made in pieces by benchmark/run_in_calls.py (pieces.jsonl: each piece's start, end,
+steps, machine and versions, finished or not), and runs launched by hand, ours or a peer's from
+benchmark/peers/ (known only by the hyperparameters table the script logged). A run not finished is
+reported as such, at its last logged step of its total.
 """
 
 import argparse
@@ -36,8 +42,12 @@ from benchmark.versions import package_versions, versions_line
 RETURN_TAG = "charts/episodic_return"
 EPISODES_TAG = "charts/episodes"  # how many episodes each logged return is the mean of
 DONE_FILE = "harness.json"
+PIECES_FILE = "pieces.jsonl"  # one line per piece of a run made in pieces (benchmark/run_in_calls.py)
+RUNNING_FILE = "piece_running.json"  # the piece in progress: its start, command and machine
 PUBLISHED = Path(__file__).with_name("published_returns.csv")
 FINAL_EPISODES = 100  # CleanRL's final return: the mean of each run's last 100 episodes (openrlbenchmark's default)
+PEERS = {"cleanrl_ppo_atari_multigpu": "ppo_atari_multigpu", "cleanrl_pqn": "pqn_multigpu"}
+"""benchmark/peers/ scripts (by exp_name): their runs are drawn in the figure of the script they are measured against"""
 
 
 def config_name(world_size: int, label: str | None = None) -> str:
@@ -148,30 +158,123 @@ def cmd_run(args) -> int:
     return 1 if failed else 0
 
 
-def collect(runs_dir) -> list[dict]:
-    """One row per logged scalar of every complete run: the tidy table."""
-    rows = []
-    for done in sorted(Path(runs_dir).glob(f"*/{DONE_FILE}")):
-        meta = json.loads(done.read_text())
-        events = read_scalar_events(done.parent)
+def hyperparameters(run_dir) -> dict[str, str]:
+    """The `hyperparameters` table a script logged to TensorBoard ({name: value as text}); ours and CleanRL's
+    scripts log one, with the flags and the sizes derived from the world size."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir), size_guidance={"tensors": 0, "scalars": 1})
+    acc.Reload()
+    if "hyperparameters/text_summary" not in acc.Tags()["tensors"]:
+        return {}
+    text = acc.Tensors("hyperparameters/text_summary")[0].tensor_proto.string_val[0].decode()
+    cells = [line.strip("|").split("|", 1) for line in text.splitlines()[2:]]
+    return {cell[0]: cell[1] for cell in cells if len(cell) == 2}
+
+
+def run_meta(run_dir: Path, events: dict) -> dict | None:
+    """What the report knows of one run directory, in the same keys whatever made it: its harness.json (a complete
+    grid run), else its pieces.jsonl (a run made in pieces, finished or not), else the hyperparameters table its
+    script logged (a run launched by hand, or a grid run not complete). None: not a run of a known script."""
+    last_step = max((s for evs in events.values() for _, s, _ in evs), default=0)
+    walls = [w for evs in events.values() for w, _, _ in evs]
+    pieces_file, running = run_dir / PIECES_FILE, run_dir / RUNNING_FILE
+    pieces = [json.loads(line) for line in pieces_file.read_text().splitlines()] if pieces_file.is_file() else []
+    if running.is_file() and walls:  # in progress: as far as its events go
+        now = max(walls)
+        pieces.append(json.loads(running.read_text()) | dict(end=utc(now), end_time=now, step_to=last_step))
+        pieces[-1] |= dict(versions={}, exit_code="-")
+    if (run_dir / DONE_FILE).is_file():
+        done = json.loads((run_dir / DONE_FILE).read_text())
+        meta = {k: done[k] for k in ("name", "script", "env_id", "seed", "world_size")}
+        meta |= dict(config=done.get("config") or config_name(done["world_size"]), finished=True, total=last_step)
+        meta |= dict(commands=[portable(done["command"])], machines=[done["machine"]], ended=done["finished"])
+        meta |= dict(versions=[done["versions"]] if "versions" in done else [], wall_time_s=done["wall_time_s"])
+    elif pieces:
+        last = pieces[-1]
+        meta = {k: last[k] for k in ("name", "script", "env_id", "seed", "world_size", "config")}
+        meta |= dict(finished=last["outcome"] == "finished", total=last["total_timesteps"], ended=last["end"])
+        meta |= dict(commands=list(dict.fromkeys(p["portable_command"] for p in pieces)))
+        meta |= dict(machines=list(dict.fromkeys(p["machine"] for p in pieces)))
+        meta |= dict(versions=[p["versions"] for p in pieces if p["versions"]])
+        meta |= dict(wall_time_s=sum(p["end_time"] - p["start_time"] for p in pieces))
+    else:
+        table = hyperparameters(run_dir)
+        if "env_id" not in table or "world_size" not in table:
+            return None
+        flags = run_dir / "flags.json"
+        exp = json.loads(flags.read_text())["script"] if flags.is_file() else table.get("exp_name", run_dir.name)
+        ws, parts = int(table["world_size"]), run_dir.name.split("__")
+        config = config_name(ws) if exp not in PEERS else f"{exp}-ws{ws}"
+        if len(parts) == 4 and parts[1] == exp and parts[3].startswith("seed"):  # a grid run's name
+            config = parts[2]
+        total, batch = int(table.get("total_timesteps", 0)), int(table.get("batch_size", 0))
+        meta = dict(name=run_dir.name, script=PEERS.get(exp, exp), env_id=table["env_id"], seed=int(table["seed"]))
+        meta |= dict(world_size=ws, config=config, finished=last_step + batch > total, total=total)
+        meta |= dict(commands=[], machines=[], versions=[], wall_time_s=(max(walls) - min(walls)) if walls else 0.0)
+        meta |= dict(ended=utc(max(walls)) if walls else "-")
+    return meta | dict(step=last_step, pieces=pieces, run_dir=str(run_dir))
+
+
+def utc(seconds: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+
+def active_seconds(wall: float, pieces: list[dict]) -> float:
+    """Seconds a run made in pieces had run by `wall`: the time between pieces left out."""
+    return sum(min(max(wall - p["start_time"], 0.0), p["end_time"] - p["start_time"]) for p in pieces)
+
+
+def runs_with_events(runs_dir) -> list[tuple[dict, dict]]:
+    """(meta, events) of every run directory under runs_dir that holds TensorBoard events of a known script."""
+    found = []
+    for run_dir in sorted(p for p in Path(runs_dir).iterdir() if p.is_dir()):
+        if not any(run_dir.glob("events.out.tfevents.*")):
+            continue
+        events = read_scalar_events(run_dir)
+        meta = run_meta(run_dir, events)
+        if meta is not None:
+            found.append((meta, events))
+    return found
+
+
+def collect(runs_dir) -> tuple[list[dict], list[dict]]:
+    """One row per logged scalar of every run (the tidy table), and each run's meta (`run_meta`)."""
+    rows, metas = [], []
+    for meta, events in runs_with_events(runs_dir):
+        metas.append(meta)
         t0 = min((w for evs in events.values() for w, _, _ in evs), default=0.0)
         for tag, evs in events.items():
             for wall, step, value in evs:
+                seconds = active_seconds(wall, meta["pieces"]) if meta["pieces"] else wall - t0
                 rows.append(
                     dict(
                         script=Path(meta["script"]).stem,
                         env_id=meta["env_id"],
                         world_size=meta["world_size"],
-                        config=meta.get("config") or config_name(meta["world_size"]),
+                        config=meta["config"],
                         seed=meta["seed"],
                         run=meta["name"],
                         tag=tag,
                         step=step,
-                        time_s=round(wall - t0, 3),
+                        time_s=round(seconds, 3),
                         value=value,
                     )
                 )
-    return rows
+    return rows, metas
+
+
+def status(metas) -> str:
+    """`finished`, or `not finished: at step X of Y` (the least advanced seed's)."""
+    unfinished = [m for m in metas if not m["finished"]]
+    if not unfinished:
+        return "finished"
+    slowest = min(unfinished, key=lambda m: m["step"])
+    return f"not finished: at step {slowest['step']:,} of {slowest['total']:,}"
+
+
+def key_of(meta) -> tuple:
+    return (Path(meta["script"]).stem, meta["env_id"], int(meta["world_size"]), meta["config"])
 
 
 def series(rows, tag):
@@ -234,9 +337,10 @@ def read_published(path=PUBLISHED) -> dict:
         return {(r["script"], r["env_id"]): r for r in csv.DictReader(line for line in f if not line.startswith("#"))}
 
 
-def plot_curves(rows, out: Path, published: dict) -> list[Path]:
-    """One figure per (script, env): each configuration's mean ± std over seeds, against global steps and wall time,
-    with the published final return (mean ± std) where there is one."""
+def plot_curves(rows, metas, out: Path, published: dict) -> list[Path]:
+    """One figure per (script, env): each configuration's mean ± std over seeds, against global steps and wall time
+    (the time between pieces left out), with the published final return (mean ± std) where there is one. A run made
+    in pieces shows where each piece ended (dotted); a configuration not finished says so in its legend."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -250,18 +354,25 @@ def plot_curves(rows, out: Path, published: dict) -> list[Path]:
     for (script, env_id), per_config in sorted(by_plot.items()):
         fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
         for (ws, config), per_seed in sorted(per_config.items()):
+            runs = [m for m in metas if key_of(m) == (script, env_id, ws, config)]
+            state = status(runs)
+            label = f"{config} (world size {ws}, {len(per_seed)} seeds)" + ("" if state == "finished" else f", {state}")
             for ax, x_index, xlabel in ((axes[0], 0, "global env steps"), (axes[1], 1, "wall time (s)")):
                 x, mean, std = mean_curve(per_seed, x_index)
-                ax.plot(x, mean, label=f"{config} (world size {ws}, {len(per_seed)} seeds)")
+                line = ax.plot(x, mean, label=label)[0]
                 ax.fill_between(x, mean - std, mean + std, alpha=0.2)
                 ax.set_xlabel(xlabel)
+            for m in runs:  # where each piece but the last ended: the run was stopped there and resumed
+                for p in m["pieces"][:-1]:
+                    axes[0].axvline(p["step_to"], color=line.get_color(), linestyle=":", linewidth=0.8)
         if (script, env_id) in published:
             ref = published[(script, env_id)]
             mean, std = float(ref["mean"]), float(ref["std"])
-            axes[0].axhline(mean, color="black", linestyle="--", linewidth=1, label=f"{ref['label']}: final return")
+            at = f" at {int(ref['steps']):,} steps" if ref.get("steps") else ""
+            axes[0].axhline(mean, color="black", linestyle="--", linewidth=1, label=f"{ref['label']}: final return{at}")
             axes[0].axhspan(mean - std, mean + std, color="black", alpha=0.15)
         axes[0].set_ylabel("episodic return")
-        axes[0].legend(loc="lower right", fontsize=7)
+        axes[0].legend(loc="best", fontsize=7)
         fig.suptitle(f"{script} on {env_id} (mean ± std over seeds)")
         fig.tight_layout()
         path = out / f"{script}__{env_id.replace('/', '-')}.png"
@@ -278,68 +389,89 @@ def portable(command: str) -> str:
     return shlex.join(words)
 
 
-def markdown_table(rows, runs_dir, published: dict) -> str:
-    meta = {json.loads(p.read_text())["name"]: json.loads(p.read_text()) for p in Path(runs_dir).glob(f"*/{DONE_FILE}")}
+def markdown_table(rows, metas, published: dict) -> str:
     returns, sps = series(rows, RETURN_TAG), series(rows, "charts/SPS")
     counts = episode_counts(rows, returns)
     lines = [
         "| script | env | configuration | world size | seeds | steps | final return | published | "
-        "SPS (median) | wall time (min) |"
+        "SPS (median) | wall time (min) | status |"
     ]
-    lines.append("|---|---|---|---|---|---|---|---|---|---|")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for key in sorted(returns):
         script, env_id, ws, config = key
+        runs = [m for m in metas if key_of(m) == key]
         finals = [final_return(v, counts[key][seed]) for seed, (_, _, v) in returns[key].items()]
         sps_med = [float(np.median(v[len(v) // 10 :])) for _, _, v in sps.get(key, {}).values()]
-        walls = [
-            m["wall_time_s"] / 60
-            for m in meta.values()
-            if (Path(m["script"]).stem, m["env_id"], m["world_size"], m.get("config") or config_name(m["world_size"]))
-            == key
-        ]
-        steps = int(min(s[-1] for s, _, _ in returns[key].values()))
+        walls = [m["wall_time_s"] / 60 for m in runs]
+        steps = min(m["step"] for m in runs)  # the last logged step, of any scalar
         ref = published.get((script, env_id))
         versus = "–"
         if ref:
             mean, std = float(ref["mean"]), float(ref["std"])
             inside = "inside" if abs(np.mean(finals) - mean) <= 2 * std else "outside"
-            versus = f"{mean:.1f} ± {std:.1f} ({ref['label']}; ours {inside} ± 2 std)"
+            at = f" at {int(ref['steps']):,} steps" if ref.get("steps") else ""
+            compared = f"ours {inside} ± 2 std" if all(m["finished"] for m in runs) else "not finished"
+            versus = f"{mean:.1f} ± {std:.1f} ({ref['label']}{at}; {compared})"
         lines.append(
             f"| {script} | {env_id} | {config} | {ws} | {len(finals)} | {steps} | "
-            f"{np.mean(finals):.1f} ± {np.std(finals):.1f} | {versus} | {np.mean(sps_med):.0f} | {np.mean(walls):.1f} |"
+            f"{np.mean(finals):.1f} ± {np.std(finals):.1f} | {versus} | {np.mean(sps_med):.0f} | {np.mean(walls):.1f} "
+            f"| {status(runs)} |"
         )
-    commands = sorted({portable(m["command"]) for m in meta.values()})
-    machines = sorted({m["machine"] for m in meta.values()})
+    commands = sorted({c for m in metas for c in m["commands"]})
+    by_hand = sorted(m["name"] for m in metas if not m["commands"])
+    machines = sorted({machine for m in metas for machine in m["machines"]})
     lines += [
         "",
         f"Final return: each run's mean return over its last {FINAL_EPISODES} episodes (CleanRL's, as openrlbenchmark "
         "computes it; a logged return is the mean of one iteration's episodes, weighted by their count), then mean "
-        "± std (numpy's, ddof 0) over seeds.",
+        "± std (numpy's, ddof 0) over seeds. A run not finished: the same, over its last episodes so far.",
     ]
     shown = {key[:2] for key in returns}
     sources = sorted({f"{r['label']}: {r['source']}" for key, r in published.items() if key in shown})
     lines += ["", *(f"Published: {source}." for source in sources)] if sources else []
-    lines += ["", f"Machine: {', '.join(machines)}. Finished: {max(m['finished'] for m in meta.values())}."]
-    lines += ["", packages_line(meta.values()), ""]
-    lines += ["Commands:", "", "```bash", *commands, "```", ""]
+    lines += ["", f"Machine: {', '.join(machines) or 'not recorded'}. Last logged: {max(m['ended'] for m in metas)}."]
+    lines += ["", packages_line(metas), ""]
+    lines += ["Commands:", "", "```bash", *commands, "```", ""] if commands else []
+    if by_hand:
+        lines += [f"Launched by hand (no command, machine or versions recorded): {', '.join(by_hand)}.", ""]
+    for m in sorted((m for m in metas if m["pieces"]), key=lambda m: m["name"]):
+        lines += pieces_table(m)
     return "\n".join(lines)
 
 
+def pieces_table(meta) -> list[str]:
+    """A run made in pieces: when and where each ran, its steps and how it ended."""
+    lines = [f"Pieces of `{meta['name']}` ({status([meta])}; a piece `running` is shown to its last logged step):", ""]
+    lines += ["| piece | start (UTC) | end (UTC) | minutes | global steps | machine | versions | outcome (exit code) |"]
+    lines += ["|---|---|---|---|---|---|---|---|"]
+    for p in meta["pieces"]:
+        minutes = (p["end_time"] - p["start_time"]) / 60
+        steps = f"{p['step_from']:,} → {p['step_to']:,}"
+        versions = versions_line(p["versions"]) if p["versions"] else "–"
+        lines.append(
+            f"| {p['piece']} | {p['start']} | {p['end']} | {minutes:.1f} | {steps} | {p['machine']} | {versions} | "
+            f"{p['outcome']} ({p['exit_code']}) |"
+        )
+    return [*lines, ""]
+
+
 def packages_line(metas) -> str:
-    """The package versions the runs ran with (harness.json's `versions`), each distinct set once with its run count."""
+    """The package versions the runs ran with (harness.json's `versions`, each piece's), each distinct set once with
+    its run count."""
     sets = defaultdict(int)
     for m in metas:
-        line = versions_line(m["versions"]) if "versions" in m else "not recorded (runs before the harness kept them)"
-        sets[line] += 1
+        found = {versions_line(v) for v in m["versions"]}
+        for line in found or {"not recorded (runs before the harness kept them, or launched by hand)"}:
+            sets[line] += 1
     if len(sets) == 1:
         return f"Packages: {next(iter(sets))}."
     return "Packages: " + "; ".join(f"{line} ({n} runs)" for line, n in sorted(sets.items())) + "."
 
 
 def cmd_report(args) -> int:
-    rows = collect(args.runs_dir)
+    rows, metas = collect(args.runs_dir)
     if not rows:
-        print(f"no complete runs (with {DONE_FILE}) under {args.runs_dir}", file=sys.stderr)
+        print(f"no runs (run directories with TensorBoard events) under {args.runs_dir}", file=sys.stderr)
         return 1
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -349,8 +481,8 @@ def cmd_report(args) -> int:
         writer.writeheader()
         writer.writerows(kept)
     published = read_published(args.published)
-    plots = plot_curves(rows, out, published)
-    table = markdown_table(rows, args.runs_dir, published)
+    plots = plot_curves(rows, metas, out, published)
+    table = markdown_table(rows, metas, published)
     (out / "results.md").write_text(table + "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n")
     print(f"wrote {out / 'scalars.csv.gz'} ({len(kept)} rows), {len(plots)} plot(s), {out / 'results.md'}")
     return 0
@@ -375,7 +507,7 @@ def main(argv=None) -> int:
     run.add_argument("--timeout", type=float, default=None, help="seconds after which a run is killed")
     run.add_argument("--slurm", default=None, help="write an sbatch array script here instead of running")
     run.add_argument("extra", nargs=argparse.REMAINDER, help="-- then arguments for every run of the script")
-    report = sub.add_parser("report", help="tidy CSV, learning curves and a markdown table of complete runs")
+    report = sub.add_parser("report", help="tidy CSV, learning curves and a markdown table of the runs")
     report.add_argument("--runs-dir", default="runs/benchmark", help="the directory the runs were written to")
     report.add_argument("--out", required=True, help="output directory, e.g. docs/benchmarks/cartpole")
     report.add_argument(

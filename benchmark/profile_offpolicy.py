@@ -5,6 +5,7 @@ update, bookkeeping.
     python -m benchmark.profile_offpolicy --script sac_continuous_action_multigpu.py --env-id HalfCheetah-v5
     python -m benchmark.profile_offpolicy --script td3_continuous_action_multigpu.py --env-id Pendulum-v1 --steps 200
     python -m benchmark.profile_offpolicy --cudagraphs ...   # each update one CUDA graph replay (CUDA only)
+    python -m benchmark.profile_offpolicy --no-cudagraphs ...  # eager (without either: the script's default)
     # 2 ranks (gloo; the flat all-reduce between backward and step, timed as its own part):
     python -m torch.distributed.run --standalone --nproc_per_node=2 -m benchmark.profile_offpolicy --script ...
 
@@ -69,9 +70,10 @@ STAGE_PARTS = dict(critic_backward="critic", critic_step="step", update_targets=
 STAGE_PARTS |= dict(actor_step="actor", temperature_backward="actor", temperature_step="actor")
 
 
-def profile_steps(module_name: str, env_id: str, steps: int, warmup: int = 20, device=None, cudagraphs=False) -> dict:
+def profile_steps(module_name: str, env_id: str, steps: int, warmup: int = 20, device=None, cudagraphs=None) -> dict:
     """Fill this rank's buffer with `local_batch_size` random steps, then run `warmup + steps` env steps with one
-    update each (the script's defaults); returns the mean seconds per step of each part after warm-up, and the rate.
+    update each (the script's defaults; `cudagraphs`: the script's default when None); returns the mean seconds per
+    step of each part after warm-up, and the rate.
     In a process group (torchrun) the gradients are averaged with the flat all-reduce between the stages."""
     mod = importlib.import_module(module_name)
     sac = hasattr(mod, "temperature_stages")
@@ -80,7 +82,7 @@ def profile_steps(module_name: str, env_id: str, steps: int, warmup: int = 20, d
     rank = dist.get_rank() if dist.is_initialized() else 0
     if device is None:
         device = torch.device("cuda", 0) if args.cuda and torch.cuda.is_available() else torch.device("cpu")
-    cudagraphs = cudagraphs and device.type == "cuda"
+    cudagraphs = (getattr(args, "cudagraphs", False) if cudagraphs is None else cudagraphs) and device.type == "cuda"
     timer = Timer(torch.cuda.synchronize if device.type == "cuda" else lambda: None)
     rt.seed_everything(args.seed)
     envs = gym.vector.SyncVectorEnv([mod.make_env(env_id)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
@@ -107,26 +109,26 @@ def profile_steps(module_name: str, env_id: str, steps: int, warmup: int = 20, d
         def update_targets(_):
             mod.soft_update([qf], [qf_target], args.tau)
 
-        update_critics = graphs.Update(cudagraphs, *critic, update_targets)
+        critic = [*critic, update_targets]
         stages = mod.actor_stages(actor, actor, qf, actor_optimizer, alpha, args, world_size, mod.policy_loss)
         stages += mod.temperature_stages(
             actor, log_alpha, alpha, a_optimizer, world_size, -float(action_dim), mod.temperature_loss
         )
-        update_actor = graphs.Update(cudagraphs, *stages)
         act = graphs.graphed(lambda obs: actor(obs)[0], cudagraphs)
     else:
         critic = mod.critic_stages(qf, qf, qf_target, target_actor, q_optimizer, args, world_size, mod.critic_loss)
-        update_critics = graphs.Update(cudagraphs, *critic)
         stages = mod.actor_stages(
             actor, actor, qf, target_actor, qf_target, actor_optimizer, args, world_size, mod.policy_loss
         )
-        update_actor = graphs.Update(cudagraphs, *stages)
         act = graphs.graphed(lambda obs: mod.eval_action(actor, obs, False, None, args), cudagraphs)
+    critic, stages = [s for s in critic if s is not None], [s for s in stages if s is not None]
+    update_critics, update_actor = graphs.Update(cudagraphs, *critic), graphs.Update(cudagraphs, *stages)
+    pieces = {update_critics: critic, update_actor: stages}  # eagerly: each stage timed on its own
 
     def timed_update(update, inputs) -> list:
         """Each stage (eagerly) or each captured part of `update`, timed in its part; the tensors they return."""
         outputs = []
-        for piece in update.parts if cudagraphs else update.stages:
+        for piece in update.parts if cudagraphs else pieces[update]:
             first = getattr(piece, "__name__", "").split("+")[0]
             with timer(STAGE_PARTS.get(first, "all_reduce")):
                 out = piece(inputs)
@@ -195,7 +197,11 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=500, help="profiled env steps (one update each), after warm-up")
     parser.add_argument("--warmup", type=int, default=20, help="env steps with updates before the profiled ones")
     parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when there is one")
-    parser.add_argument("--cudagraphs", action="store_true", help="each update and the action as CUDA graphs (CUDA)")
+    parser.add_argument(
+        "--cudagraphs",
+        action=argparse.BooleanOptionalAction,
+        help="each update and the action as CUDA graphs (captured on CUDA only; default: the script's)",
+    )
     args = parser.parse_args(argv)
     device = torch.device("cuda", 0) if (args.device or "cuda") == "cuda" and torch.cuda.is_available() else None
     device = device or torch.device("cpu")

@@ -68,7 +68,8 @@ def profile_iterations(
 ):
     """Run `warmup + iterations` PPO iterations of one rank of `module_name` (a cleanrl_ddp Atari PPO script)
     with its default flags (`cudagraphs`: the script's default when None); returns the mean seconds per
-    iteration of each part after warm-up, and the rate."""
+    iteration of each part after warm-up, the rate, and whether the policy step and the update were CUDA graph
+    replays (`captured`: --cudagraphs on CUDA)."""
     module = importlib.import_module(module_name)
     args = module.Args(env_id=env_id, local_num_envs=num_envs, num_steps=num_steps)
     cudagraphs = getattr(args, "cudagraphs", False) if cudagraphs is None else cudagraphs
@@ -120,6 +121,8 @@ def profile_iterations(
         module, agent, optimizer, args, sizes, obs, actions, logprobs, values, rewards, all_dones, next_obs
     )
     update = [graphs.graphed(f, capture) for f in update]
+    # GAE runs once an iteration: its capture, at its WARMUP-th call, falls in a warm-up iteration
+    warmup = max(warmup, graphs.WARMUP) if capture else warmup
 
     k_groups, totals = len(groups), []
     for iteration in range(warmup + iterations):
@@ -164,7 +167,8 @@ def profile_iterations(
     seconds = {part: s / iterations for part, s in timer.seconds.items()}
     total = sum(totals[warmup:]) / iterations
     seconds["other"] = max(0.0, total - sum(seconds.values()))
-    return dict(seconds=seconds, total=total, sps=num_envs * num_steps / total, device=str(device), threads=threads)
+    result = dict(seconds=seconds, total=total, sps=num_envs * num_steps / total, device=str(device), threads=threads)
+    return result | dict(num_steps=num_steps, captured=capture)  # captured: the CUDA-graph path (on CUDA only)
 
 
 def updater(module, agent, optimizer, args, sizes, obs, actions, logprobs, values, rewards, all_dones, next_obs):

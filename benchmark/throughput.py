@@ -36,13 +36,15 @@ next to that run's SPS and ceiling:
     python -m benchmark.throughput --world-sizes 1 --local-num-envs 8 --profile \
         --compare cleanrl_ddp/ppo_atari_async_multigpu.py
 
-With `-- --cudagraphs` the runs take the flag and the profile replays the same CUDA graphs.
+With `-- --cudagraphs` (or `-- --no-cudagraphs`) the runs take the flag and the profile follows it; without either,
+both take the script's default.
 """
 
 import argparse
 import functools
 import importlib
 import inspect
+import json
 import multiprocessing as mp
 import os
 import platform
@@ -82,7 +84,8 @@ def rank_cores(world_size: int, cores_per_rank: int) -> list[int] | None:
 
 
 def run_once(script, env_id, world_size, seed, variant_flags, sizes, iterations, timeout, cores=None) -> dict:
-    """One run of the script's own command line; returns the command and every scalar rank 0 logged."""
+    """One run of the script's own command line; returns the command, every scalar rank 0 logged, and the flags the
+    run took (its flags.json: the script's defaults included, so that a row can say which path ran)."""
     steps_per_iteration = world_size * sizes["local_num_envs"] * max(1, sizes["num_steps"])
     extra = [*variant_flags, "--local-num-envs", str(sizes["local_num_envs"])]
     if sizes["num_steps"]:  # rollout length (PPO); 0 = the script has none (DQN: one step per iteration)
@@ -99,10 +102,12 @@ def run_once(script, env_id, world_size, seed, variant_flags, sizes, iterations,
             )
         (run_dir,) = [p for p in Path(runs_dir).iterdir() if p.is_dir()]
         events = read_scalar_events(run_dir)
+        flags = run_dir / "flags.json"  # our scripts write it; another project's may not
+        args = json.loads(flags.read_text())["args"] if flags.is_file() else {}
     command = portable(shlex.join(cmd))  # as a reader types it: python / torchrun
     if cores:
         command = f"taskset -c {','.join(map(str, cores))} {command}"
-    return dict(command=command, events=events)
+    return dict(command=command, events=events, args=args)
 
 
 def time_shares(events: dict, warmup: int) -> tuple[float, float]:
@@ -175,7 +180,7 @@ def env_ceiling(script, env_id, world_size, num_envs, steps, cores=None) -> floa
     return sum(s for s, _ in done) / max(t for _, t in done)
 
 
-# The env layer's settings (issue 41, item 3): ALE's AtariVectorEnv threads and batch size, env only
+# The env layer's settings: ALE's AtariVectorEnv threads and batch size, env only (what the scripts should ask for)
 def env_settings(num_envs: int, cores: int) -> list[tuple[int, int]]:
     """The (num_threads, batch_size) pairs `--env-sweep` measures at `num_envs` envs: 1, 2, 4, ... threads, up to the
     scripts' own min(envs, cores); every env at once (`step`, as the synchronous scripts run), then half of them."""
@@ -440,7 +445,7 @@ def profile_configuration(args, variants, ws: int, cores, rows: list[dict]) -> l
     profiles = []
     for script, name in [(args.script, default), *((s, Path(s).name) for s in args.compare)]:
         n, steps, iterations = args.local_num_envs, args.num_steps, args.profile_iterations
-        cudagraphs = "--cudagraphs" in args.extra or None  # the profile follows the runs' --cudagraphs
+        cudagraphs = cudagraphs_flag(args.extra)  # the profile follows the runs' --cudagraphs
         result = profile_rollout.profile_rank(script, args.env_id, ws, n, steps, iterations, cores, cudagraphs)
         if result is None:
             print(f"  ws={ws} {Path(script).name}: not profiled (not an Atari PPO script)", flush=True)
@@ -450,6 +455,12 @@ def profile_configuration(args, variants, ws: int, cores, rows: list[dict]) -> l
         profiles[-1] |= result
         print(f"  ws={ws} {Path(script).name}: profiled rank {result['sps']:.0f} steps/s", flush=True)
     return profiles
+
+
+def cudagraphs_flag(flags: list[str]) -> bool | None:
+    """The runs' --cudagraphs (True) or --no-cudagraphs (False), the last one given; None: the script's default."""
+    given = [f == "--cudagraphs" for f in flags if f in ("--cudagraphs", "--no-cudagraphs")]
+    return given[-1] if given else None
 
 
 if __name__ == "__main__":

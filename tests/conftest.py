@@ -25,6 +25,7 @@ FIRST = (
     "test_host_syncs.py",  # 63
     "test_dqn_atari_multigpu.py",  # 57
     "test_benchmark_throughput.py",  # 55
+    "test_run_in_calls.py",  # about 35 s alone
     "test_benchmark_harness.py",  # 43
     "test_ppo_atari_multigpu.py",  # 32
     "test_repo.py",  # 30

@@ -1,4 +1,4 @@
-"""Bad input is one line and a non-zero exit, never a traceback (issue 21, section 7). Each case runs in this
+"""Bad input is one line and a non-zero exit, never a traceback. Each case runs in this
 process and stops with the RunError (or evaluate's EvalError) that `rt.exit_codes` prints as one line with exit
 code 2 (tests/test_runtime.py checks that path); nothing is written before it. One case also runs as a command."""
 

@@ -77,8 +77,8 @@ def test_final_return_is_the_mean_of_the_last_episodes():
 
 def test_harness_writes_a_slurm_array_whose_tasks_finish_like_local_runs(tmp_path):
     """--slurm writes an array job instead of running; its task i runs the i-th run through the harness, so that
-    a finished task leaves harness.json as a local run does (the report reads only such runs). Task 0 is run here
-    as SLURM runs it: the script under bash with SLURM_ARRAY_TASK_ID set, from the repository root."""
+    a finished task leaves harness.json as a local run does (the report calls only such runs finished). Task 0 is
+    run here as SLURM runs it: the script under bash with SLURM_ARRAY_TASK_ID set, from the repository root."""
     sbatch, runs = tmp_path / "array.sbatch", tmp_path / "runs"
     args = ["run", "--script", "cleanrl_ddp/ppo_multigpu.py", "--env-ids", "CartPole-v1", "Acrobot-v1"]
     args += ["--seeds", "1", "2", "3", "--world-sizes", "2", "--runs-dir", str(runs), "--slurm", str(sbatch)]
@@ -98,3 +98,29 @@ def test_harness_writes_a_slurm_array_whose_tasks_finish_like_local_runs(tmp_pat
     assert (record["env_id"], record["seed"], record["world_size"]) == ("CartPole-v1", 1, 2)
     assert "step 128/128" in (runs / f"{first.name}.log").read_text()
     assert sorted(p.name for p in runs.iterdir() if p.is_dir()) == [first.name]  # task 0 ran run 0 only
+
+
+def test_report_draws_a_peer_run_launched_by_hand_in_our_scripts_figure_not_finished(tmp_path):
+    """A run of CleanRL's own script (benchmark/peers/), launched by hand, is known only by the hyperparameters table
+    it logs: it joins the figure and table of the script it is measured against, with its world size, and is
+    reported as not finished at its last step, against the published 10M-step return. Its events are written here
+    with TensorBoard's writer in the shape CleanRL's script writes them (its rows, one return per episode)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    run_dir = tmp_path / "runs" / "PongNoFrameskip-v4__cleanrl_ppo_atari_multigpu__1__1795757154"
+    writer = SummaryWriter(run_dir)
+    table = {"exp_name": "cleanrl_ppo_atari_multigpu", "seed": 1, "env_id": "PongNoFrameskip-v4"}
+    table |= {"total_timesteps": 10000000, "batch_size": 1024, "num_iterations": 9765, "world_size": 2}
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in table.items()))
+    for i, step in enumerate(range(1024, 40961, 1024)):
+        writer.add_scalar("charts/episodic_return", -21.0 + i / 10, step)
+        writer.add_scalar("charts/SPS", 50, step)
+    writer.close()
+    out = tmp_path / "report"
+    assert harness.main(["report", "--runs-dir", str(tmp_path / "runs"), "--out", str(out)]) == 0
+    text = (out / "results.md").read_text()
+    row = "| ppo_atari_multigpu | PongNoFrameskip-v4 | cleanrl_ppo_atari_multigpu-ws2 | 2 | 1 | 40960 |"
+    assert row in text and "| not finished: at step 40,960 of 10,000,000 |" in text
+    assert "20.3 ± 0.4 (CleanRL at 10,000,000 steps; not finished)" in text
+    assert f"Launched by hand (no command, machine or versions recorded): {run_dir.name}." in text
+    assert (out / "ppo_atari_multigpu__PongNoFrameskip-v4.png").is_file()

@@ -15,6 +15,7 @@ from benchmark.throughput import (
     CEILING,
     best_settings,
     ceiling_shares,
+    cudagraphs_flag,
     env_ceiling,
     env_settings,
     main,
@@ -112,16 +113,27 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("script", ["ppo_atari_multigpu", "ppo_atari_async_multigpu"])
-def test_profile_parts_add_up_to_the_iterations_wall_time(script, one_thread):
-    # one warm-up iteration left out, one timed: 2 envs (two halves of 1 in the async variant) x 8 steps
-    result = profile_iterations(f"cleanrl_ddp.{script}", "breakout", 2, 8, iterations=1, warmup=1)
+@pytest.mark.parametrize("script, cudagraphs", [("ppo_atari_multigpu", None), ("ppo_atari_async_multigpu", True)])
+def test_profile_parts_add_up_to_the_iterations_wall_time(script, cudagraphs, one_thread):
+    # one warm-up iteration left out, one timed: 2 envs (two halves of 1 in the async variant) x 8 steps; the
+    # script's default path, or --cudagraphs (on the CPU the same functions run eagerly: nothing is captured)
+    result = profile_iterations(
+        f"cleanrl_ddp.{script}", "breakout", 2, 8, iterations=1, warmup=1, cudagraphs=cudagraphs
+    )
+    assert result["captured"] is False and result["num_steps"] == 8
     seconds, total = result["seconds"], result["total"]
     assert set(seconds) == set(PARTS)
     assert all(seconds[part] > 0 for part in ("env", "policy", "copies", "bookkeeping", "update")), seconds
     timed = sum(seconds[part] for part in PARTS if part != "other")
     assert timed <= total and seconds["other"] == pytest.approx(total - timed)  # nothing counted twice
     assert result["sps"] == pytest.approx(2 * 8 / total)
+
+
+def test_the_profile_follows_the_runs_cudagraphs_flag():
+    """`-- --cudagraphs` or `-- --no-cudagraphs` (the last one given) reach the profile; neither: the default."""
+    assert cudagraphs_flag(["--seed", "2"]) is None
+    assert cudagraphs_flag(["--cudagraphs"]) is True and cudagraphs_flag(["--no-cudagraphs"]) is False
+    assert cudagraphs_flag(["--cudagraphs", "--no-cudagraphs"]) is False
 
 
 def test_only_scripts_with_the_rollout_pieces_are_profiled():

@@ -1,4 +1,4 @@
-"""Checkpoints that are safe to load, and runs that never mix (issue 21).
+"""Checkpoints that are safe to load, and runs that never mix.
 
 - A checkpoint is data: it loads with `torch.load(weights_only=True)`; the envs continue from their state as data.
 - A file that carries code (a pickled object) is refused by `--resume`, by the automatic resume and by `evaluate`,

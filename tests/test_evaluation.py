@@ -1,4 +1,4 @@
-"""Evaluation, video and loggers (issue 6): --eval-every/--target-return in every script, the
+"""Evaluation, video and loggers: --eval-every/--target-return in every script, the
 `python -m cleanrl_ddp.evaluate` command, --capture-video, W&B offline runs and TensorBoard's config text."""
 
 import importlib
