@@ -63,21 +63,21 @@ def test_the_checks_run_on_the_cpu_one_line_each(tmp_path):
     """The real checks, on the CPU: a few iterations of one script, the NCCL guard's one line, a SIGTERM-stopped
     2-rank run resumed on one rank to its exact step, whose checkpoint is then evaluated, the throughput with no speed
     flags next to the ceiling and the profiled split of an iteration; CleanRL's and LeanRL's PPO scripts are skipped,
-    as nothing points at them. graphs: and graphs-speed:, one implementation for every script, on the Atari PPO and
-    on SAC (on the CPU --cudagraphs runs the same functions eagerly): the runs with and without --cudagraphs bitwise
-    equal in every checkpoint entry, at world size 1 and trained on with and without it; their speeds. SAC's env step
-    timed part by part (benchmark/profile_offpolicy.py); LeanRL's SAC is skipped likewise. Then the comparison
-    itself: one bit of one tensor, or one counter, changed in a checkpoint is a difference."""
+    as nothing points at them. graphs: and graphs-speed:, one implementation for every script (on the CPU
+    --cudagraphs runs the same functions eagerly): the Atari PPO's runs with and without --cudagraphs bitwise equal in
+    every checkpoint entry, at world size 1 and trained on with and without it (its learning rate a float32 tensor
+    with the flag); SAC's speeds. SAC's env step timed part by part (benchmark/profile_offpolicy.py); LeanRL's SAC is
+    skipped likewise. Then the comparison itself: one bit of one tensor, or one counter, changed in a checkpoint is a
+    difference."""
     only = ["script:ppo_multigpu.py", "nccl-guard", "resume", "evaluate", "throughput"]
-    only += [f"{kind}:{s}" for kind in ("graphs", "graphs-speed") for s in (sizes.ATARI, sizes.SAC)]
-    only += [f"{kind}:{sizes.SAC}" for kind in ("profile", "leanrl")]
+    only += [f"graphs:{sizes.ATARI}", *(f"{kind}:{sizes.SAC}" for kind in ("graphs-speed", "profile", "leanrl"))]
     proc = check("--device", "cpu", "--full", "--only", *only, "--out", tmp_path)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
     lines = [line for line in proc.stdout.splitlines() if re.match(r"(ok|FAIL|skip) ", line)]
     names = [re.match(r"\w+ +([^:]+):", line).group(1) for line in lines]
-    expected = ["script", "graphs", "graphs", "nccl-guard", "resume", "evaluate on cpu", "throughput 2 envs"]
-    expected += ["profile 2 envs", "cleanrl 2 envs", "leanrl 2 envs", "graphs-speed", "graphs-speed", "profile"]
+    expected = ["script", "graphs", "nccl-guard", "resume", "evaluate on cpu", "throughput 2 envs"]
+    expected += ["profile 2 envs", "cleanrl 2 envs", "leanrl 2 envs", "graphs-speed", "profile"]
     assert names == [*expected, "leanrl"], output
     assert lines[0].startswith("ok    script:ppo_multigpu.py: world size 1 on cpu, global step 384, exit 0"), output
     graphs = r"ok    graphs:{}: --cudagraphs bitwise equal to --no-cudagraphs at world size 1 \(global step {}\), and "
@@ -85,39 +85,36 @@ def test_the_checks_run_on_the_cpu_one_line_each(tmp_path):
     graphs += r"\((\d+) tensors at world size 1\) \["
     atari = re.match(graphs.format(sizes.ATARI, 32, 64), lines[1])
     assert atari and int(atari.group(1)) > 20, lines[1]  # the agent, Adam's state, the RNG states
-    sac = re.match(graphs.format(sizes.SAC, 48, 96), lines[2])
-    assert sac and int(sac.group(1)) > 90, lines[2]
-    assert lines[3].startswith("ok    nccl-guard: exit 1 with one line: "), lines[3]
-    assert "--backend nccl needs CUDA" in lines[3], lines[3]
-    stopped = int(re.search(r"stopped at global step (\d+) of 192 ", lines[4]).group(1))
-    assert 0 < stopped < 192 and "resumed on 1 rank to exactly 192" in lines[4], lines[4]
-    assert re.match(r"ok    evaluate on cpu: return -?[\d.]+ ± [\d.]+ \(mean ± std over 2 sampled episodes", lines[5])
+    assert lines[2].startswith("ok    nccl-guard: exit 1 with one line: "), lines[2]
+    assert "--backend nccl needs CUDA" in lines[2], lines[2]
+    stopped = int(re.search(r"stopped at global step (\d+) of 192 ", lines[3]).group(1))
+    assert 0 < stopped < 192 and "resumed on 1 rank to exactly 192" in lines[3], lines[3]
+    assert re.match(r"ok    evaluate on cpu: return -?[\d.]+ ± [\d.]+ \(mean ± std over 2 sampled episodes", lines[4])
     throughput = r"ppo_atari_multigpu.py \(eager\) [\d,]+ SPS = \d+% of the env-only ceiling [\d,]+ of this call; "
-    assert re.search(throughput + r"the update \d+% of the time", lines[6]), lines[6]
-    split, per_step = lines[7].split("; ")
+    assert re.search(throughput + r"the update \d+% of the time", lines[5]), lines[5]
+    split, per_step = lines[6].split("; ")
     parts = re.findall(r"(env step|policy step|host<->device copies|bookkeeping|update|other) \d+ ms", split)
-    assert len(parts) == 6 and "one iteration of ppo_atari_multigpu.py alone (eager)" in split, lines[7]
-    assert re.match(r"the policy step [\d.]+ ms per env step, the update \d+ ms per iteration \[", per_step), lines[7]
-    assert lines[8].startswith("skip  cleanrl 2 envs: no --cleanrl-script")
-    assert lines[9].startswith("skip  leanrl 2 envs: no --leanrl-script")
+    assert len(parts) == 6 and "one iteration of ppo_atari_multigpu.py alone (eager)" in split, lines[6]
+    assert re.match(r"the policy step [\d.]+ ms per env step, the update \d+ ms per iteration \[", per_step), lines[6]
+    assert lines[7].startswith("skip  cleanrl 2 envs: no --cleanrl-script")
+    assert lines[8].startswith("skip  leanrl 2 envs: no --leanrl-script")
     speeds = r"ok    graphs-speed:{}: {}, world size 1, steady SPS after the first {} logged points: [\d,]+ SPS "
     speeds += r"--no-cudagraphs \(eager, \d+ s\); [\d,]+ SPS --cudagraphs \(eager, \d+ s\) = [\d.]+x; "
     speeds += r"all at global step {} "
-    assert re.match(speeds.format(sizes.ATARI, "BreakoutNoFrameskip-v4", 1, 32), lines[10]), lines[10]
-    assert re.match(speeds.format(sizes.SAC, "Pendulum-v1", 6, 80), lines[11]), lines[11]
-    parts = re.findall(rf"({'|'.join(map(re.escape, PART_NAMES.values()))}) [\d.]+ ms \(", lines[12])
-    assert parts == list(PART_NAMES.values()), lines[12]
-    assert "one env step of sac_continuous_action_multigpu.py on Pendulum-v1" in lines[12], lines[12]
-    assert lines[13].startswith(f"skip  leanrl:{sizes.SAC}: no --leanrl-sac-script")
-    assert re.match(r"gpu_check: 11 ok, 0 FAIL, 3 skipped in [\d.]+ min", proc.stdout.splitlines()[-1]), output
+    assert re.match(speeds.format(sizes.SAC, "Pendulum-v1", 6, 80), lines[9]), lines[9]
+    parts = re.findall(rf"({'|'.join(map(re.escape, PART_NAMES.values()))}) [\d.]+ ms \(", lines[10])
+    assert parts == list(PART_NAMES.values()), lines[10]
+    assert "one env step of sac_continuous_action_multigpu.py on Pendulum-v1" in lines[10], lines[10]
+    assert lines[11].startswith(f"skip  leanrl:{sizes.SAC}: no --leanrl-sac-script")
+    assert re.match(r"gpu_check: 9 ok, 0 FAIL, 3 skipped in [\d.]+ min", proc.stdout.splitlines()[-1]), output
     assert all(re.search(r" \[\d+ s\]$", line) for line in lines), lines  # each check's seconds
     assert (tmp_path / "logs" / "resume.log").read_text().startswith("$ ")
     summary = (tmp_path / "summary.txt").read_text().splitlines()
     assert summary[0].startswith("gpu_check --full on cpu: ") and summary[1:] == proc.stdout.splitlines()[1:], summary
 
     runs = tmp_path / "runs"
-    eager, graphed = runs / f"check-graphs-{sizes.SAC[:-3]}-eager", runs / f"check-graphs-{sizes.SAC[:-3]}-graphs"
-    assert correctness.checkpoint_differences(eager, graphed) == ([], int(sac.group(1)))
+    eager, graphed = (runs / f"check-graphs-{sizes.ATARI[:-3]}-{run}" for run in ("eager", "graphs"))
+    assert correctness.checkpoint_differences(eager, graphed) == ([], int(atari.group(1)))
     assert_every_entry_is_compared(graphed, tmp_path / "changed")
 
 
@@ -139,21 +136,21 @@ def test_graphs_runs_at_2_ranks_each_against_the_first_grad_syncs_eager_run():
 
 
 def assert_every_entry_is_compared(run_dir: Path, changed: Path) -> None:
-    """graphs:'s comparison sees one bit of a weight or of an RNG stream, and any other entry, of SAC's checkpoint in
-    `run_dir`; not its flags."""
+    """graphs:'s comparison sees one bit of a weight or of an RNG stream, and any other entry, of the Atari PPO's
+    checkpoint in `run_dir`; not its flags."""
     ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
-    weight = next(iter(ckpt["qf"]))
+    weight = next(iter(ckpt["agent"]))
     changed.mkdir()
-    for where in (f"['qf']['{weight}']", "['rng'][0]['torch']", "['num_updates']"):
-        copy = {**ckpt, "qf": dict(ckpt["qf"]), "rng": [dict(ckpt["rng"][0])]}
-        if "qf" in where:  # the next float32 after one weight
-            w = copy["qf"][weight] = ckpt["qf"][weight].clone()
+    for where in (f"['agent']['{weight}']", "['rng'][0]['torch']", "['iteration']"):
+        copy = {**ckpt, "agent": dict(ckpt["agent"]), "rng": [dict(ckpt["rng"][0])]}
+        if "agent" in where:  # the next float32 after one weight
+            w = copy["agent"][weight] = ckpt["agent"][weight].clone(memory_format=torch.contiguous_format)
             w.view(-1)[0] = torch.nextafter(w.view(-1)[0], torch.tensor(float("inf")))
         elif "rng" in where:  # one bit of torch's generator state
             copy["rng"][0]["torch"] = ckpt["rng"][0]["torch"].clone()
             copy["rng"][0]["torch"][-1] ^= 1
         else:
-            copy["num_updates"] += 1
+            copy["iteration"] += 1
         torch.save(copy, changed / "checkpoint.pt")
         differ, _ = correctness.checkpoint_differences(run_dir, changed)
         assert len(differ) == 1 and differ[0].startswith(where), (where, differ)
