@@ -177,14 +177,11 @@ def assert_same_weights(a: dict, b: dict):
         assert torch.equal(a[key], b[key]), key
 
 
-@pytest.mark.parametrize("nproc", [1, 2], ids=["torchrun-1", "torchrun-2"])
-def test_training_updates_and_keeps_every_rank_identical(tmp_path, nproc):
-    # nproc 1: runs to the end (step 128); nproc 2: the first evaluation (step 128, return >= -1000
-    # always) stops every rank through the broadcast, long before --total-timesteps
-    args = ["--total-timesteps", 128] if nproc == 1 else ["--total-timesteps", 100000]
-    if nproc == 2:
-        args += ["--eval-every", 128, "--eval-episodes", 1, "--eval-epsilon", 1.0, "--target-return", -1000]
-        args += ["--sync-check-every", 64]
+def test_training_updates_and_keeps_every_rank_identical(tmp_path):
+    # 2 ranks: the first evaluation (step 128, return >= -1000 always) stops every rank through the broadcast, long
+    # before --total-timesteps (one rank's run to its end: the resume test below)
+    nproc, args = 2, ["--total-timesteps", 100000, "--eval-every", 128, "--eval-episodes", 1, "--eval-epsilon", 1.0]
+    args += ["--target-return", -1000, "--sync-check-every", 64]
     proc, dumps, run_dir, scalars, ckpt = run_and_dump(tmp_path, nproc, args)
     # updates at global steps 104, 112, 120, 128 (after --learning-starts 100); target sync at 128
     assert scalars["charts/updates"][-1] == (128, 4.0)
@@ -198,9 +195,8 @@ def test_training_updates_and_keeps_every_rank_identical(tmp_path, nproc):
     assert ckpt["global_step"] == 128 and ckpt["num_updates"] == 4
     assert ckpt["rank_state"] == [None] * nproc  # ALE's vector env cannot be pickled: resumes reseed it
     assert_same_weights(ckpt["q_network"], dumps[0]["q_network"])
-    if nproc == 2:
-        assert [s for s, _ in scalars["eval/episodic_return"]] == [128]
-        assert "reached --target-return -1000.0 at global step 128" in proc.stdout
+    assert [s for s, _ in scalars["eval/episodic_return"]] == [128]
+    assert "reached --target-return -1000.0 at global step 128" in proc.stdout
 
 
 def test_resume_refills_the_buffer_then_continues(tmp_path, monkeypatch):
