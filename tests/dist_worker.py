@@ -1,9 +1,7 @@
 """What `torchrun` launches for tests/test_distributed_correctness.py, and the table of scripts it covers.
 
-    torchrun ... tests/dist_worker.py unit    OUTDIR cleanrl_ddp/<script>.py [cleanrl_ddp/<script>.py ...]
-    torchrun ... tests/dist_worker.py observe OUTDIR cleanrl_ddp/<script>.py [script flags...]
-    torchrun ... tests/dist_worker.py diverge OUTDIR cleanrl_ddp/<script>.py [script flags...]
-    torchrun ... tests/dist_worker.py pinned  OUTDIR cleanrl_ddp/<script>.py [script flags...]
+    torchrun ... tests/dist_worker.py unit  OUTDIR cleanrl_ddp/<script>.py [cleanrl_ddp/<script>.py ...]
+    torchrun ... tests/dist_worker.py batch JOBS.json
 
 `unit` imports each listed script's own network and update (PPO: ppo_loss and all_reduce_gradients_flat; DQN:
 update_q_network; SAC, TD3: their update stages, with their losses also compiled) and the run module's
@@ -13,15 +11,16 @@ local minibatches; one launch covers several scripts. Then it runs the real `mai
 and records what torch.compile traced (`compiled_run`); and of each script whose 2-rank --cudagraphs runs are
 checked (`ScriptSpec.captured`), eagerly and with --cudagraphs under DDP and flat, every function that a GPU
 captures recorded by tests/graph_capture.py (`captured_runs`).
-`observe` runs the real script unchanged (runpy, as `__main__`) and records from outside what every
-rank did: env seeds, env steps, sampled actions, RNG streams, optimizer steps, parameters before the
-first update, final parameters and optimizer state, the env step of every optimizer step, target networks
-(DQN) at the first update and at the end and the env steps at which they were synced, files opened for
-writing. `diverge` does the same and nudges one parameter on rank 1 after its second optimizer step, for
-`--sync-check-every` to catch. `pinned` records as `observe` with the randomness taken out of the comparison
-(PPO): action noise from a table indexed by (rollout step, global env), minibatches drawn from one shared
-permutation, so that world size G with one env per rank and one process with G envs see the same data.
-Each rank writes OUTDIR/rank{R}.pt (observe, diverge) or OUTDIR/<script>_unit_rank{R}.json (unit).
+`batch` runs whole scripts unchanged (runpy, as `__main__`), one after another in the same ranks (`batch`), each
+in one of four modes. `observe` records from outside what every rank did: env seeds, env steps, sampled actions,
+RNG streams, optimizer steps, parameters before the first update, final parameters and optimizer state, the env
+step of every optimizer step, target networks (DQN) at the first update and at the end and the env steps at which
+they were synced, files opened for writing. `diverge` does the same and nudges one parameter on rank 1 after its
+second optimizer step, for `--sync-check-every` to catch. `pinned` records as `observe` with the randomness taken
+out of the comparison (PPO): action noise from a table indexed by (rollout step, global env), minibatches drawn
+from one shared permutation, so that world size G with one env per rank and one process with G envs see the same
+data. `plain` runs the script with nothing recorded.
+Each rank writes OUTDIR/rank{R}.pt and OUTDIR/exit{R} (batch) or OUTDIR/<script>_unit_rank{R}.json (unit).
 """
 
 import copy
@@ -923,7 +922,7 @@ def observe(outdir: Path, script_path: str, script_args: list, nudge_after_step:
         if type(module).__name__ == "Agent" and len(inputs) == 2:  # forward(x, action): the loss, not the rollout
             rec["loss_entropies"].append((rec["env_steps"], float(output[2].float().mean())))
 
-    register_module_forward_hook(record_loss_entropy)
+    undo = [register_module_forward_hook(record_loss_entropy).remove]  # each patch's removal, for the next run
 
     def target_version():
         return sum(p._version for t in targets for p in t.parameters())  # in-place copies raise it
@@ -968,6 +967,7 @@ def observe(outdir: Path, script_path: str, script_args: list, nudge_after_step:
                     running[0][i] = running[1][i] = 0
             return result
 
+        originals = dict(cls.__dict__)
         cls.reset, cls.step = recording_reset, recording_step
         if hasattr(cls, "send") and hasattr(cls, "recv"):  # ALE's vector env: `step` is send + recv, and the
             send = cls.send  # asynchronous variant calls send and recv itself; record at send, once either way
@@ -977,6 +977,15 @@ def observe(outdir: Path, script_path: str, script_args: list, nudge_after_step:
                 return send(self, actions)
 
             cls.step, cls.send = step, recording_send
+
+        def restore():
+            for name in ("reset", "step", "send"):
+                if name in originals:
+                    setattr(cls, name, originals[name])
+                elif name in cls.__dict__:
+                    delattr(cls, name)
+
+        undo.append(restore)
 
     vector_envs = [gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv]
     try:
@@ -1015,8 +1024,7 @@ def observe(outdir: Path, script_path: str, script_args: list, nudge_after_step:
                 p = optimizer.param_groups[0]["params"][0]
                 p[(0,) * p.dim()] += 1e-3
 
-    register_optimizer_step_pre_hook(before_step)
-    register_optimizer_step_post_hook(after_step)
+    undo += [register_optimizer_step_pre_hook(before_step).remove, register_optimizer_step_post_hook(after_step).remove]
 
     import builtins
 
@@ -1040,16 +1048,12 @@ def observe(outdir: Path, script_path: str, script_args: list, nudge_after_step:
         writer_init(self, log_dir, *a, **kw)
 
     SummaryWriter.__init__ = recording_writer_init
-
-    sys.argv = [script_path, *script_args]
-    os._exit = raise_system_exit  # the script leaves with os._exit: come back here to record first
+    undo.append(lambda: setattr(SummaryWriter, "__init__", writer_init))
     try:
-        runpy.run_path(script_path, run_name="__main__")
-        rec["exit_code"] = 0
-    except SystemExit as e:
-        rec["exit_code"] = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        raise
+        rec["exit_code"] = run_script(script_path, script_args)
     finally:
+        for remove in undo:
+            remove()
         if optimizers:
             opt = optimizers[0]
             rec["final_params"] = flat_params(p for g in opt.param_groups for p in g["params"])
@@ -1062,10 +1066,26 @@ def observe(outdir: Path, script_path: str, script_args: list, nudge_after_step:
         note_target_sync()  # a sync in the last iteration
         rec["final_targets"] = [flat_params(t.parameters()) for t in targets]
         builtins.open, os.replace = builtin_open, os_replace
+        outdir.mkdir(parents=True, exist_ok=True)
         torch.save(rec, outdir / f"rank{rank}.pt")
+    return rec["exit_code"]
 
 
-def pin_sampling_and_minibatches(script_path: str, script_args: list) -> None:
+def run_script(script_path: str, script_args: list) -> int:
+    """Run the script as `__main__` with `script_args`, here; its exit code (it leaves with os._exit, which raises
+    SystemExit meanwhile, so that the caller can record and go on)."""
+    argv, exit_ = sys.argv, os._exit
+    sys.argv, os._exit = [script_path, *map(str, script_args)], raise_system_exit
+    try:
+        runpy.run_path(script_path, run_name="__main__")
+        return 0
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv, os._exit = argv, exit_
+
+
+def pin_sampling_and_minibatches(script_path: str, script_args: list, global_envs: int) -> Callable:
     """Make runs of G global envs draw the same numbers at every world size W (G / W envs per rank).
 
     Action noise: `Normal.rsample` (the continuous PPO's sampler) returns loc + scale * z, with z for (the call's
@@ -1073,15 +1093,15 @@ def pin_sampling_and_minibatches(script_path: str, script_args: list) -> None:
     (explore or not) and `torch.randint` (the random action). Minibatches: `torch.randperm` returns, on every rank,
     the rows of one permutation P of the rollout's steps, minibatch k holding the rows P_k of every local env (row s
     of local env e is index s * G / W + e of the flattened batch), so that each global minibatch holds the same
-    samples at every world size. G comes from the environment variable PINNED_ENVS.
+    samples at every world size. Returns the function that puts the real ones back.
     """
     from torch.distributions.normal import Normal
 
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     num_minibatches = int(script_args[script_args.index("--num-minibatches") + 1])
-    local_envs = int(os.environ["PINNED_ENVS"]) // world_size
+    local_envs = global_envs // world_size
     calls = {"sample": 0, "randperm": 0, "rand": 0, "randint": 0}
-    randperm, rand, randint = torch.randperm, torch.rand, torch.randint
+    randperm, rand, randint, rsample = torch.randperm, torch.rand, torch.randint, Normal.rsample
 
     def table_sample(self, sample_shape=torch.Size()):
         t, n = calls["sample"], self.loc.shape[0]
@@ -1115,6 +1135,11 @@ def pin_sampling_and_minibatches(script_path: str, script_args: list) -> None:
     if SCRIPTS[Path(script_path).name].pqn:
         torch.rand, torch.randint = table_rand, table_randint
 
+    def unpin():
+        Normal.rsample, torch.randperm, torch.rand, torch.randint = rsample, randperm, rand, randint
+
+    return unpin
+
 
 REAL_EXIT = os._exit
 
@@ -1130,17 +1155,60 @@ def leave(code) -> None:
     REAL_EXIT(code if isinstance(code, int) else (0 if code is None else 1))
 
 
+# --------------------------------------------------------------------------------------------- batch
+def batch(jobs_file: Path) -> None:
+    """The runs listed in `jobs_file`, one after another in these processes, each as a launch of its own would run
+    it: JSON of dict(mode, script, args, outdir, global_envs), `mode` one of observe, diverge, pinned (`global_envs`
+    its G) or plain (the script alone, nothing recorded). Starting a rank (importing torch and what its optimizers
+    import) costs more than a tiny run: here it is paid once for all. Each run meets its peers in a process group of
+    its own (torchrun's store, under the run's index); every patch a run made is removed before the next, and each
+    run writes its exit code to OUTDIR/exit{R}, what it printed to OUTDIR/output{R} and what it recorded to
+    OUTDIR/rank{R}.pt."""
+    import contextlib
+    import gc
+
+    import torch.distributed as dist
+
+    rank, store, dist_init = int(os.environ.get("RANK", 0)), None, dist.init_process_group
+    if int(os.environ.get("WORLD_SIZE", 1)) > 1:
+        dist_init("gloo")
+        store = dist.distributed_c10d._get_default_store()
+        dist.destroy_process_group()
+    for i, job in enumerate(json.loads(jobs_file.read_text())):
+        outdir, script, args = Path(job["outdir"]), job["script"], job["args"]
+        outdir.mkdir(parents=True, exist_ok=True)
+        output = open(outdir / f"output{rank}", "w")  # noqa: SIM115 (closed below, with the run's other patches)
+
+        def init_process_group(*a, prefix=f"run{i}/", **kw):  # called by the script's rt.start
+            return dist_init(*a, store=dist.PrefixStore(prefix, store), **kw)
+
+        dist.init_process_group = init_process_group
+        unpin = pin_sampling_and_minibatches(script, args, job["global_envs"]) if job["mode"] == "pinned" else None
+        try:
+            with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
+                if job["mode"] == "plain":
+                    code = run_script(script, args)
+                else:
+                    code = observe(outdir, script, args, nudge_after_step=2 if job["mode"] == "diverge" else 0)
+        finally:
+            output.close()
+            dist.init_process_group = dist_init
+            if unpin is not None:
+                unpin()
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            gc.collect()  # the run's networks and optimizers: the next run's observe looks for its own by class
+        (outdir / f"exit{rank}").write_text(str(code))
+
+
 if __name__ == "__main__":
-    mode, outdir, script_path, *script_args = sys.argv[1:]
-    outdir = Path(outdir)
-    outdir.mkdir(parents=True, exist_ok=True)
+    mode, path, *scripts = sys.argv[1:]
     try:
         if mode == "unit":
-            unit(outdir, [script_path, *script_args])
+            Path(path).mkdir(parents=True, exist_ok=True)
+            unit(Path(path), scripts)
         else:
-            if mode == "pinned":
-                pin_sampling_and_minibatches(script_path, script_args)
-            observe(outdir, script_path, script_args, nudge_after_step=2 if mode == "diverge" else 0)
+            batch(Path(path))
     except SystemExit as e:
         leave(e.code)
     leave(0)

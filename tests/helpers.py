@@ -30,7 +30,7 @@ def script_path(script: str) -> str:
 def command(script, args=(), nproc=1, env=None, torchrun_args=None, wrapper=()) -> tuple[list[str], dict]:
     """The command line and environment that `launch` and `start` run."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline", **(env or {})}
-    program = [*(str(w) for w in wrapper), script_path(script)]
+    program = [*(str(w) for w in wrapper), *([script_path(script)] if script else [])]
     if nproc == 0:
         cmd = [sys.executable, *program]
     else:
@@ -43,8 +43,8 @@ def launch(script, args=(), nproc=1, timeout=300, env=None, torchrun_args=None, 
     """Run `script` with `args`: plain python when nproc == 0, else `torchrun --standalone`.
 
     `wrapper` (a program and its leading arguments, e.g. tests/dist_worker.py) is launched instead,
-    with the script's path and `args` after its own. Returns the CompletedProcess (text, stdout and
-    stderr captured). Never waits past `timeout`.
+    with the script's path (none when `script` is None) and `args` after its own. Returns the
+    CompletedProcess (text, stdout and stderr captured). Never waits past `timeout`.
     """
     cmd, full_env = command(script, args, nproc, env, torchrun_args, wrapper)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd or REPO)

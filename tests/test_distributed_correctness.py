@@ -13,6 +13,7 @@ A new script is covered by adding one `ScriptSpec` to `SCRIPTS` in tests/dist_wo
 import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from subprocess import CompletedProcess
 
 import pytest
 import torch
@@ -31,64 +32,127 @@ def load_ranks(outdir: Path, world_size: int) -> list[dict]:
     return [torch.load(outdir / f"rank{r}.pt", weights_only=True) for r in range(world_size)]
 
 
-def observe(spec, outdir: Path, nproc: int, flags, mode="observe", **kw):
-    """Run the script unchanged under `torchrun` with the recording wrapper; each rank writes outdir/rank{R}.pt."""
-    flags = [*spec.tiny, *COMMON, "--runs-dir", outdir / "runs", *flags]
-    return launch(spec.script, flags, nproc=nproc, timeout=TIMEOUT, wrapper=[WORKER, mode, outdir], **kw)
-
-
 # Whole runs with their randomness pinned (`pinned` in tests/dist_worker.py), by (script, gradient path, world size):
 # the env count of the runs at other world sizes that must make the same run (pqn_multigpu.py's 3-rank run is also
 # test_pqn_whole_runs_at_1_2_and_3_ranks_are_the_same_run's)
 PINNED = {("pqn_multigpu.py", "flat", 3): 6}
+# the scripts whose resume is bitwise (their envs are saved as data): tests/test_fault_tolerance.py's SIGTERM test
+# proves them reproducible (guarantee 9, below)
+RESUMED_BITWISE = ("ppo_multigpu.py", "ppo_continuous_action_multigpu.py", "pqn_multigpu.py")
 
 
 class Run:
-    """One instrumented whole-script run (world size, gradient path), read back once for several tests."""
+    """One whole-script run under tests/dist_worker.py (`mode`: observe, diverge, pinned or plain), read back once
+    for several tests. The runs of one `group` are launched together (`batch` in tests/dist_worker.py): in the same
+    processes one after another, each in a process group of its own, so that the ranks start once for all."""
 
-    def __init__(self, spec, grad_sync: str, nproc: int, outdir: Path, two_nodes: bool = False):
-        self.spec, self.world_size, self.iterations = spec, nproc, spec.iterations[nproc]
-        self.batch_size = nproc * spec.local_batch  # env steps of all ranks per iteration
-        # not a multiple of the batch
-        self.total = self.iterations * self.batch_size + min(self.batch_size // 2 + 3, self.batch_size - 1)
-        flags = ["--grad-sync", grad_sync, "--total-timesteps", self.total, "--sync-check-every", "1"]
+    def __init__(self, group, spec, nproc, args, outdir: Path, mode="observe", global_envs=0):
+        self.group, self.spec, self.world_size, self.outdir = group, spec, max(nproc, 1), outdir
+        self.nproc, self.mode, self.runs_dir = nproc, mode, outdir / "runs"
+        self.job = dict(mode=mode, script=str(REPO / "cleanrl_ddp" / spec.script), outdir=str(outdir))
+        self.job |= dict(args=[str(a) for a in [*args, "--runs-dir", self.runs_dir]], global_envs=global_envs)
+
+    @classmethod
+    def whole(cls, group, spec, grad_sync: str, nproc: int, outdir: Path, mode="observe"):
+        """The run that guarantees 1, 2 and 5-7 read: several iterations, the replicas compared at every one."""
+        iterations, batch_size = spec.iterations[nproc], nproc * spec.local_batch  # env steps of all ranks
+        total = iterations * batch_size + min(batch_size // 2 + 3, batch_size - 1)  # not a multiple of the batch
+        flags = ["--grad-sync", grad_sync, "--total-timesteps", total, "--sync-check-every", "1"]
         flags += ["--torch-deterministic"]
-        self.flags = flags
-        if two_nodes:  # two torchrun launches, one process each, meeting at a static rendezvous
+        pinned = PINNED.get((spec.script, grad_sync, nproc), 0)
+        run = cls(group, spec, nproc, [*spec.tiny, *COMMON, *flags], outdir, "pinned" if pinned else mode, pinned)
+        run.iterations, run.batch_size, run.total, run.flags = iterations, batch_size, total, flags
+        return run
+
+    def read(self, proc):
+        """What the batch launch `proc` left of this run."""
+        self.proc = proc
+        ranks = range(self.world_size)
+        exits = [self.outdir / f"exit{r}" for r in ranks]
+        self.exit_codes = [int(e.read_text()) if e.exists() else None for e in exits]
+        outputs = [self.outdir / f"output{r}" for r in ranks]
+        self.output = "".join(o.read_text() for o in outputs if o.exists())
+        # what each rank recorded: written also when the run fails
+        self.ranks = load_ranks(self.outdir, self.world_size) if self.mode != "plain" else None
+
+    def assert_finished(self):
+        assert self.proc.returncode == 0, self.proc.stdout + self.proc.stderr
+        assert self.exit_codes == [0] * self.world_size, self.output
+        self.run_dir = only_run_dir(self.runs_dir)
+        return self
+
+
+def plan(tmp_path_factory) -> dict:
+    """Every whole-script run of this module by key, each in its launch group."""
+    runs = {}
+
+    def outdir(*key):
+        return tmp_path_factory.mktemp("-".join(str(k).removesuffix(".py") for k in key))
+
+    for script, spec in SCRIPTS.items():
+        for grad_sync, nproc in spec.whole_runs:
+            runs["whole", script, grad_sync, nproc] = Run.whole(nproc, spec, grad_sync, nproc, outdir(script, nproc))
+        if spec.target_kl:  # 4 iterations
+            flags = [*spec.tiny, *COMMON, "--total-timesteps", 4 * 2 * spec.local_batch, *spec.target_kl]
+            runs["target_kl", script] = Run(2, spec, 2, flags, outdir(script, "target-kl"))
+        if spec.two_nodes:  # a parameter nudged on rank 1 after its 2nd optimizer step (iteration 1)
+            flags = [*spec.tiny, *COMMON, "--total-timesteps", 4 * 2 * spec.local_batch, "--sync-check-every", "2"]
+            runs["diverge", script] = Run(2, spec, 2, flags, outdir(script, "diverge"), mode="diverge")
+            runs["two_nodes", script] = Run.whole("two nodes", spec, "ddp", 2, outdir(script, "two-nodes"))
+        if script not in RESUMED_BITWISE:  # the 2-rank run's command again, in other processes, nothing recorded
+            runs["again", script, "ddp", 2] = Run.whole("again", spec, "ddp", 2, outdir(script, "again"), mode="plain")
+    # the continuous PPO on Hopper-v5, 4 iterations of 2 envs in all
+    spec = SCRIPTS["ppo_continuous_action_multigpu.py"]
+    flags = ["--env-id", "Hopper-v5", "--num-steps", "64", "--num-minibatches", "4", "--update-epochs", "2"]
+    flags += ["--seed", "3", "--total-timesteps", "512", "--checkpoint-every", "0"]
+    for world_size, nproc in ((2, 2), (1, 0)):  # nproc 0: plain python, no torchrun
+        args = [*flags, "--local-num-envs", 2 // world_size]
+        runs["pinned", spec.script, world_size] = Run(
+            nproc, spec, nproc, args, outdir(spec.script, world_size), "pinned", 2
+        )
+    # PQN's 3-rank run's flags at 1 and 2 ranks, the last of a repeated flag winning: DDP, its 6 envs over them
+    three = runs["whole", "pqn_multigpu.py", "flat", 3]
+    for world_size, nproc in ((2, 2), (1, 0)):
+        args = [*three.spec.tiny, *COMMON, *three.flags, "--grad-sync", "ddp", "--local-num-envs", 6 // world_size]
+        runs["pinned", three.spec.script, world_size] = Run(
+            nproc, three.spec, nproc, args, outdir(three.spec.script, world_size), "pinned", 6
+        )
+    return runs
+
+
+_plan, _launched = {}, set()
+
+
+def get_run(tmp_path_factory, *key) -> Run:
+    """The run of `key` (see `plan`), its group launched the first time that one of its runs is asked for."""
+    if not _plan:
+        _plan.update(plan(tmp_path_factory))
+    run = _plan[key]
+    if run.group not in _launched:
+        _launched.add(run.group)
+        group = [r for r in _plan.values() if r.group == run.group]
+        jobs_file = tmp_path_factory.mktemp("batch") / "jobs.json"
+        jobs_file.write_text(json.dumps([r.job for r in group]))
+        timeout = TIMEOUT + 60 * len(group)  # a hang (ranks issuing different collectives) still fails
+        if run.group == "two nodes":  # two torchrun launches, one process each, meeting at a static rendezvous
             port = free_port()
 
             def node(node_rank):
                 torchrun = ["--nnodes=2", "--nproc_per_node=1", f"--node_rank={node_rank}"]
                 torchrun += ["--master_addr=127.0.0.1", f"--master_port={port}"]
-                return observe(spec, outdir, 2, flags, torchrun_args=torchrun)
+                return launch(None, timeout=timeout, torchrun_args=torchrun, wrapper=[WORKER, "batch", jobs_file])
 
             with ThreadPoolExecutor(2) as pool:
-                self.procs = list(pool.map(node, [0, 1]))
-        elif (spec.script, grad_sync, nproc) in PINNED:
-            env = dict(PINNED_ENVS=str(PINNED[spec.script, grad_sync, nproc]), OMP_NUM_THREADS="1")
-            self.procs = [observe(spec, outdir, nproc, flags, mode="pinned", env=env)]
-        else:
-            self.procs = [observe(spec, outdir, nproc, flags)]
-        self.ranks = load_ranks(outdir, nproc)  # written also when the run fails
-        self.runs_dir = outdir / "runs"
-
-    def assert_finished(self):
-        for proc in self.procs:
-            assert proc.returncode == 0, proc.stdout + proc.stderr
-        self.run_dir = only_run_dir(self.runs_dir)
-        return self
-
-
-_runs = {}
-
-
-def get_run(tmp_path_factory, script, grad_sync="ddp", nproc=2, two_nodes=False) -> Run:
-    """Each configuration runs once per session; several tests read the same run."""
-    key = (script, grad_sync, nproc, two_nodes)
-    if key not in _runs:
-        name = f"{script[:-3]}-{grad_sync}-{nproc}" + ("-two-nodes" if two_nodes else "")
-        _runs[key] = Run(SCRIPTS[script], grad_sync, nproc, tmp_path_factory.mktemp(name), two_nodes)
-    return _runs[key]
+                procs = list(pool.map(node, [0, 1]))
+            proc = procs[0] if procs[0].returncode else procs[1]
+        else:  # one thread per rank: the pinned runs compare with one process on one thread
+            nproc = 0 if run.group == 0 else 2 if run.group == "again" else run.group
+            proc = launch(
+                None, nproc=nproc, timeout=timeout, env=dict(OMP_NUM_THREADS="1"), wrapper=[WORKER, "batch", jobs_file]
+            )
+        for r in group:
+            r.read(proc)
+    return run
 
 
 RUNS = [(script, grad_sync, nproc) for script, spec in SCRIPTS.items() for grad_sync, nproc in spec.whole_runs]
@@ -96,7 +160,7 @@ RUNS = [(script, grad_sync, nproc) for script, spec in SCRIPTS.items() for grad_
 
 @pytest.fixture(params=RUNS, ids=[f"{s[:-3]}-{g}-{n}ranks" for s, g, n in RUNS])
 def run(request, tmp_path_factory):
-    return get_run(tmp_path_factory, *request.param)
+    return get_run(tmp_path_factory, "whole", *request.param)
 
 
 @pytest.fixture(scope="module")
@@ -194,29 +258,21 @@ def test_equivalence_with_single_process(unit, grad_sync):
 
 
 # 3b. Equivalence of whole runs: every statistic the iteration merges, not only the update
-def test_whole_run_equivalence_with_single_process(tmp_path):
+def test_whole_run_equivalence_with_single_process(tmp_path_factory):
     """ppo_continuous_action_multigpu.py on Hopper-v5, 4 iterations: 2 ranks x 1 env equal 1 process x 2 envs.
 
     With the action noise and the minibatches pinned (`pinned` in tests/dist_worker.py), both runs see the same
     env data, so everything the iteration computes from all ranks' samples must agree: the observation and return
     statistics (RunningStats merges), reward scaling, GAE, advantage normalisation, averaged gradients, the
     learning-rate schedule and the logged metrics. Measured: final parameters 7.2e-7 apart relative to how far
-    they moved; with any one of the three merges made local, 7e-2 to 1e-1.
+    they moved; with any one of the three merges made local, 7e-2 to 1e-1. Both runs on one thread (`get_run`):
+    the orthogonal init's QR differs in the last bits between 1 and 2 threads (seen: 2,649 of 10,119 initial
+    weights, up to 1.8e-7).
     """
-    script = "ppo_continuous_action_multigpu.py"
-    flags = ["--env-id", "Hopper-v5", "--num-steps", "64", "--num-minibatches", "4", "--update-epochs", "2"]
-    flags += ["--seed", "3", "--total-timesteps", "512", "--checkpoint-every", "0"]
-    # one thread in both runs, as torchrun sets for 2 ranks: the orthogonal init's QR differs in the last bits
-    # between 1 and 2 threads (seen: 2,649 of 10,119 initial weights, up to 1.8e-7)
-    runs = {}
-    for world_size, local_envs, nproc in ((2, 1, 2), (1, 2, 0)):  # nproc 0: plain python, no torchrun
-        out = tmp_path / f"ws{world_size}"
-        proc = launch(
-            script, [*flags, "--local-num-envs", local_envs, "--runs-dir", out / "runs"], nproc=nproc,
-            timeout=TIMEOUT, env=dict(PINNED_ENVS="2", OMP_NUM_THREADS="1"), wrapper=[WORKER, "pinned", out],
-        )  # fmt: skip
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        runs[world_size] = load_ranks(out, world_size)[0], read_scalars(only_run_dir(out / "runs"))
+    script, runs = "ppo_continuous_action_multigpu.py", {}
+    for world_size in (2, 1):
+        run = get_run(tmp_path_factory, "pinned", script, world_size).assert_finished()
+        runs[world_size] = run.ranks[0], read_scalars(run.run_dir)
     (two, two_scalars), (one, one_scalars) = runs[2], runs[1]
     moved = (one["final_params"] - one["params_before_first_update"]).norm()
     assert moved > 0.1 and torch.equal(two["params_before_first_update"], one["params_before_first_update"])
@@ -229,23 +285,20 @@ def test_whole_run_equivalence_with_single_process(tmp_path):
 
 
 # 3c. PQN's whole runs: 2 ranks (DDP) and 3 ranks (flat) equal one process with all their envs
-def test_pqn_whole_runs_at_1_2_and_3_ranks_are_the_same_run(tmp_path_factory, tmp_path):
+def test_pqn_whole_runs_at_1_2_and_3_ranks_are_the_same_run(tmp_path_factory):
     """pqn_multigpu.py on CartPole-v1, 6 envs in all, 4 iterations of 16 steps: 1 process x 6 envs, 2 ranks x 3
     (DDP) and 3 ranks x 2 (--grad-sync flat: the flat-3ranks whole run above). With the exploration draws and the
     minibatches pinned (`pinned` in tests/dist_worker.py) every world size sees the same env data, so everything the
     iteration computes must agree: epsilon and the learning rate from the global step, each env's Q(lambda) returns on
     the rank that stepped it, the averaged (then clipped) gradients, and the metrics reduced over all ranks by name."""
-    script = "pqn_multigpu.py"
-    three = get_run(tmp_path_factory, script, "flat", 3).assert_finished()
-    runs = {3: (three.ranks[0], read_scalars(three.run_dir))}
-    env = dict(PINNED_ENVS=str(PINNED[script, "flat", 3]), OMP_NUM_THREADS="1")
-    for world_size in (1, 2):
-        out = tmp_path / f"ws{world_size}"
-        # the 3-rank run's flags, the last of a repeated flag winning: DDP, and the 6 envs over `world_size` ranks
-        flags = [*three.flags, "--grad-sync", "ddp", "--local-num-envs", 6 // world_size]
-        proc = observe(SCRIPTS[script], out, world_size if world_size > 1 else 0, flags, mode="pinned", env=env)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        runs[world_size] = load_ranks(out, world_size)[0], read_scalars(only_run_dir(out / "runs"))
+    runs = {}
+    for key in (
+        ("whole", "pqn_multigpu.py", "flat", 3),
+        ("pinned", "pqn_multigpu.py", 2),
+        ("pinned", "pqn_multigpu.py", 1),
+    ):
+        run = get_run(tmp_path_factory, *key).assert_finished()
+        runs[run.world_size] = run.ranks[0], read_scalars(run.run_dir)
     one, one_scalars = runs[1]
     moved = (one["final_params"] - one["params_before_first_update"]).norm()
     assert moved > 0.005 and one["optimizer_steps"] == 4 * 2 * 2
@@ -273,7 +326,7 @@ def test_logged_losses_and_episodes_are_reduced_over_all_ranks(tmp_path_factory,
     """Each rank's own episodes and loss-forward entropies, recorded from outside, give the logged values:
     charts/episodic_return is the mean over every rank's finished episodes, losses/entropy the mean over
     ranks of each rank's mean over its minibatches; rank 0's own numbers differ from both."""
-    run = get_run(tmp_path_factory, script).assert_finished()
+    run = get_run(tmp_path_factory, "whole", script, "ddp", 2).assert_finished()
     scalars = read_scalars(run.run_dir)
     local_steps = run.spec.local_batch  # this rank's env steps per iteration
     checked = 0
@@ -307,13 +360,12 @@ def test_sync_check_names_the_diverged_rank(unit):
 
 
 @pytest.mark.parametrize(**per_script(lambda spec: spec.two_nodes))
-def test_sync_check_stops_a_diverged_run(tmp_path, script):
+def test_sync_check_stops_a_diverged_run(tmp_path_factory, script):
     """A parameter nudged on rank 1 after its 2nd optimizer step (iteration 1) stops the run at iteration 2."""
-    spec = SCRIPTS[script]
-    flags = ["--total-timesteps", 4 * 2 * spec.local_batch, "--sync-check-every", "2"]
-    proc = observe(spec, tmp_path, 2, flags, mode="diverge")
-    assert_one_line_error(proc, r"replicas diverged at iteration 2: rank\(s\) \[1\]", script)
-    assert [r["exit_code"] for r in load_ranks(tmp_path, 2)] == [3, 3]
+    run = get_run(tmp_path_factory, "diverge", script)
+    assert run.exit_codes == [3, 3] and [r["exit_code"] for r in run.ranks] == [3, 3], run.output
+    stopped = CompletedProcess([], 3, run.output, "")
+    assert_one_line_error(stopped, r"replicas diverged at iteration 2: rank\(s\) \[1\]", script)
 
 
 # 5. Different data
@@ -343,15 +395,11 @@ def test_global_accounting(run):
 
 # 7. Same schedule under --target-kl
 @pytest.mark.parametrize(**per_script(lambda spec: bool(spec.target_kl)))
-def test_same_schedule_under_target_kl(tmp_path, script):
-    spec = SCRIPTS[script]
-    iterations = 4
-    flags = ["--total-timesteps", iterations * 2 * spec.local_batch, *spec.target_kl]
-    proc = observe(spec, tmp_path, 2, flags)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    ranks = load_ranks(tmp_path, 2)
+def test_same_schedule_under_target_kl(tmp_path_factory, script):
+    spec, iterations = SCRIPTS[script], 4
+    ranks = get_run(tmp_path_factory, "target_kl", script).assert_finished().ranks
     steps = [r["optimizer_steps"] for r in ranks]
-    epochs = int(flags[flags.index("--update-epochs") + 1])
+    epochs = int(spec.target_kl[spec.target_kl.index("--update-epochs") + 1])
     minibatches = int(spec.tiny[spec.tiny.index("--num-minibatches") + 1])
     assert steps[0] == steps[1] < iterations * epochs * minibatches, steps  # stopped early, together
     assert_all_equal([r["final_params"] for r in ranks], "final parameters")
@@ -595,7 +643,7 @@ def test_captured_runs_equal_eager_at_2_ranks(captured):
 # 8. Odd world sizes (the 3-rank runs above) and two nodes
 @pytest.mark.parametrize(**per_script(lambda spec: spec.two_nodes))
 def test_two_nodes(tmp_path_factory, script):
-    run = get_run(tmp_path_factory, script, two_nodes=True).assert_finished()
+    run = get_run(tmp_path_factory, "two_nodes", script).assert_finished()
     for node_rank, r in enumerate(run.ranks):
         assert (
             r["dist_rank"] == node_rank and r["env"]["LOCAL_RANK"] == "0" and r["env"]["GROUP_RANK"] == str(node_rank)
@@ -607,20 +655,17 @@ def test_two_nodes(tmp_path_factory, script):
     assert_all_equal([r["final_params"] for r in run.ranks], "final parameters")
 
 
-# 9. Reproducible. The scripts whose resume is bitwise (their envs are saved as data) prove it in
+# 9. Reproducible. The scripts whose resume is bitwise (RESUMED_BITWISE: their envs are saved as data) prove it in
 # tests/test_fault_tolerance.py's SIGTERM test: a 2-rank run without the stop and the same command stopped and resumed
 # end bitwise equal, which a sampling seed of their own (a time-dependent one, say) would break.
-RESUMED_BITWISE = ("ppo_multigpu.py", "ppo_continuous_action_multigpu.py", "pqn_multigpu.py")
 
 
 @pytest.mark.parametrize(**per_script(lambda spec: spec.script not in RESUMED_BITWISE))
-def test_reproducible(tmp_path_factory, tmp_path, script):
-    """The 2-rank `ddp` run's command again, without the recording wrapper: bitwise the same checkpoint."""
-    first = get_run(tmp_path_factory, script).assert_finished()
-    flags = [*first.spec.tiny, *COMMON, "--runs-dir", tmp_path, *first.flags]
-    proc = launch(script, flags, nproc=2, timeout=TIMEOUT)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    first, again = (torch.load(d / "checkpoint.pt", weights_only=True) for d in (first.run_dir, only_run_dir(tmp_path)))
+def test_reproducible(tmp_path_factory, script):
+    """The 2-rank `ddp` run's command again, in other processes and with nothing recorded: bitwise the same
+    checkpoint."""
+    first, again = (get_run(tmp_path_factory, kind, script, "ddp", 2).assert_finished() for kind in ("whole", "again"))
+    first, again = (torch.load(r.run_dir / "checkpoint.pt", weights_only=True) for r in (first, again))
     assert again["global_step"] == first["global_step"] > 0
     # PPO: agent; DQN: q_network, target_network; SAC: actor, critics, targets, log_alpha and three optimizers;
     # TD3: actor, critics, their targets and two optimizers
