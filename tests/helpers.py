@@ -1,6 +1,7 @@
 """Launch scripts through their real command lines and read what they wrote (shared by all tests)."""
 
 import importlib
+import json
 import os
 import re
 import signal
@@ -48,6 +49,28 @@ def launch(script, args=(), nproc=1, timeout=300, env=None, torchrun_args=None, 
     """
     cmd, full_env = command(script, args, nproc, env, torchrun_args, wrapper)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd or REPO)
+
+
+def batch_job(script: str, args, outdir: Path, mode="plain", global_envs=0) -> dict:
+    """One run of `launch_batch`: `script` with `args` (tests/dist_worker.py's `batch` says what `mode` records)."""
+    args = [str(a) for a in args]
+    return dict(mode=mode, script=script_path(script), args=args, outdir=str(outdir), global_envs=global_envs)
+
+
+def launch_batch(jobs: list, nproc: int, jobs_file: Path, timeout: float, **kw) -> subprocess.CompletedProcess:
+    """Run the `batch_job`s one after another in one launch of `nproc` ranks (0: plain python), each in a process
+    group of its own, so that the ranks start once for all (tests/dist_worker.py's `batch`). Each job's exit code is
+    in its outdir's `exit{R}` (`batch_exit_codes`), what it printed in `output{R}`."""
+    jobs_file.write_text(json.dumps(jobs))
+    return launch(
+        None, nproc=nproc, timeout=timeout, wrapper=[REPO / "tests" / "dist_worker.py", "batch", jobs_file], **kw
+    )
+
+
+def batch_exit_codes(outdir: Path, world_size: int) -> list:
+    """The exit code of a `batch_job` on each rank (None where it did not end)."""
+    exits = [Path(outdir) / f"exit{r}" for r in range(world_size)]
+    return [int(e.read_text()) if e.exists() else None for e in exits]
 
 
 def start(script, args=(), nproc=1, env=None, torchrun_args=None, cwd=None, **popen_kwargs) -> subprocess.Popen:

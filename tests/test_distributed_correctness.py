@@ -19,7 +19,17 @@ import pytest
 import torch
 from dist_worker import SCRIPTS
 from graph_capture import differences
-from helpers import REPO, assert_one_line_error, free_port, launch, only_run_dir, read_scalars
+from helpers import (
+    REPO,
+    assert_one_line_error,
+    batch_exit_codes,
+    batch_job,
+    free_port,
+    launch,
+    launch_batch,
+    only_run_dir,
+    read_scalars,
+)
 
 WORKER = REPO / "tests" / "dist_worker.py"
 TIMEOUT = 240  # seconds per launch; a hang (e.g. ranks issuing different collectives) fails the test
@@ -49,8 +59,7 @@ class Run:
     def __init__(self, group, spec, nproc, args, outdir: Path, mode="observe", global_envs=0):
         self.group, self.spec, self.world_size, self.outdir = group, spec, max(nproc, 1), outdir
         self.nproc, self.mode, self.runs_dir = nproc, mode, outdir / "runs"
-        self.job = dict(mode=mode, script=str(REPO / "cleanrl_ddp" / spec.script), outdir=str(outdir))
-        self.job |= dict(args=[str(a) for a in [*args, "--runs-dir", self.runs_dir]], global_envs=global_envs)
+        self.job = batch_job(spec.script, [*args, "--runs-dir", self.runs_dir], outdir, mode, global_envs)
 
     @classmethod
     def whole(cls, group, spec, grad_sync: str, nproc: int, outdir: Path, mode="observe"):
@@ -67,10 +76,8 @@ class Run:
     def read(self, proc):
         """What the batch launch `proc` left of this run."""
         self.proc = proc
-        ranks = range(self.world_size)
-        exits = [self.outdir / f"exit{r}" for r in ranks]
-        self.exit_codes = [int(e.read_text()) if e.exists() else None for e in exits]
-        outputs = [self.outdir / f"output{r}" for r in ranks]
+        self.exit_codes = batch_exit_codes(self.outdir, self.world_size)
+        outputs = [self.outdir / f"output{r}" for r in range(self.world_size)]
         self.output = "".join(o.read_text() for o in outputs if o.exists())
         # what each rank recorded: written also when the run fails
         self.ranks = load_ranks(self.outdir, self.world_size) if self.mode != "plain" else None
@@ -99,8 +106,8 @@ def plan(tmp_path_factory) -> dict:
             flags = [*spec.tiny, *COMMON, "--total-timesteps", 4 * 2 * spec.local_batch, "--sync-check-every", "2"]
             runs["diverge", script] = Run(2, spec, 2, flags, outdir(script, "diverge"), mode="diverge")
             runs["two_nodes", script] = Run.whole("two nodes", spec, "ddp", 2, outdir(script, "two-nodes"))
-        if script not in RESUMED_BITWISE:  # the 2-rank run's command again, in other processes, nothing recorded
-            runs["again", script, "ddp", 2] = Run.whole("again", spec, "ddp", 2, outdir(script, "again"), mode="plain")
+        if script not in RESUMED_BITWISE:  # the 2-rank run's command again, nothing recorded, in the two-node launch
+            runs["again", script, "ddp", 2] = Run.whole("two nodes", spec, "ddp", 2, outdir(script, "again"), "plain")
     # the continuous PPO on Hopper-v5, 4 iterations of 2 envs in all
     spec = SCRIPTS["ppo_continuous_action_multigpu.py"]
     flags = ["--env-id", "Hopper-v5", "--num-steps", "64", "--num-minibatches", "4", "--update-epochs", "2"]
@@ -121,6 +128,9 @@ def plan(tmp_path_factory) -> dict:
 
 
 _plan, _launched = {}, set()
+# one thread per rank in every launch: the pinned runs compare with one process on one thread, and the runs again
+# with the runs of the same flags on one node (1 and 2 threads round the orthogonal init's QR differently)
+ONE_THREAD = dict(OMP_NUM_THREADS="1")
 
 
 def get_run(tmp_path_factory, *key) -> Run:
@@ -131,8 +141,7 @@ def get_run(tmp_path_factory, *key) -> Run:
     if run.group not in _launched:
         _launched.add(run.group)
         group = [r for r in _plan.values() if r.group == run.group]
-        jobs_file = tmp_path_factory.mktemp("batch") / "jobs.json"
-        jobs_file.write_text(json.dumps([r.job for r in group]))
+        jobs, jobs_file = [r.job for r in group], tmp_path_factory.mktemp("batch") / "jobs.json"
         timeout = TIMEOUT + 60 * len(group)  # a hang (ranks issuing different collectives) still fails
         if run.group == "two nodes":  # two torchrun launches, one process each, meeting at a static rendezvous
             port = free_port()
@@ -140,16 +149,13 @@ def get_run(tmp_path_factory, *key) -> Run:
             def node(node_rank):
                 torchrun = ["--nnodes=2", "--nproc_per_node=1", f"--node_rank={node_rank}"]
                 torchrun += ["--master_addr=127.0.0.1", f"--master_port={port}"]
-                return launch(None, timeout=timeout, torchrun_args=torchrun, wrapper=[WORKER, "batch", jobs_file])
+                return launch_batch(jobs, None, jobs_file, timeout, env=ONE_THREAD, torchrun_args=torchrun)
 
             with ThreadPoolExecutor(2) as pool:
                 procs = list(pool.map(node, [0, 1]))
             proc = procs[0] if procs[0].returncode else procs[1]
-        else:  # one thread per rank: the pinned runs compare with one process on one thread
-            nproc = 0 if run.group == 0 else 2 if run.group == "again" else run.group
-            proc = launch(
-                None, nproc=nproc, timeout=timeout, env=dict(OMP_NUM_THREADS="1"), wrapper=[WORKER, "batch", jobs_file]
-            )
+        else:
+            proc = launch_batch(jobs, run.group, jobs_file, timeout, env=ONE_THREAD)
         for r in group:
             r.read(proc)
     return run
@@ -662,8 +668,8 @@ def test_two_nodes(tmp_path_factory, script):
 
 @pytest.mark.parametrize(**per_script(lambda spec: spec.script not in RESUMED_BITWISE))
 def test_reproducible(tmp_path_factory, script):
-    """The 2-rank `ddp` run's command again, in other processes and with nothing recorded: bitwise the same
-    checkpoint."""
+    """The 2-rank `ddp` run's command again, in other processes (the two-node launch's) with nothing recorded:
+    bitwise the same checkpoint."""
     first, again = (get_run(tmp_path_factory, kind, script, "ddp", 2).assert_finished() for kind in ("whole", "again"))
     first, again = (torch.load(r.run_dir / "checkpoint.pt", weights_only=True) for r in (first, again))
     assert again["global_step"] == first["global_step"] > 0

@@ -28,10 +28,13 @@ import torch
 from helpers import (
     REPO,
     assert_one_line_error,
+    batch_exit_codes,
+    batch_job,
     child_pids,
     finish,
     free_port,
     launch,
+    launch_batch,
     main_error,
     only_run_dir,
     read_scalars,
@@ -217,17 +220,25 @@ def assert_steps_complete(run_dir, iterations, script: Script, nproc=2):
 
 @pytest.fixture(scope="module")
 def finished_runs(tmp_path_factory):
-    """finished_runs(script): the run directory of a finished 2-rank run, launched once: the SIGTERM test's run
-    without the stop (`sigterm_iterations`), and the source of the bad checkpoints below."""
+    """finished_runs(script): the run directory of a finished 2-rank run of an EXACT script: the SIGTERM test's run
+    without the stop (`sigterm_iterations`), and the source of the bad checkpoints below. The runs of all EXACT
+    scripts are launched together the first time one is asked for (`launch_batch`: one after another in the same
+    two ranks)."""
     done = {}
 
     def finished_run(script: Script) -> Path:
-        if script.name not in done:
-            runs = tmp_path_factory.mktemp("finished")
-            args = script.args(sigterm_iterations(script), runs, "--checkpoint-every", 0)
-            proc = launch(script.name, args, nproc=2, timeout=180)
-            assert proc.returncode == 0, proc.stdout + proc.stderr
-            done[script.name] = only_run_dir(runs)
+        if not done:
+            scripts = [s for s in EXACT if not s.needs or importlib.util.find_spec(s.needs)]
+            runs = {s.name: tmp_path_factory.mktemp(f"finished-{s.stem}") for s in scripts}
+            args = {
+                s.name: s.args(sigterm_iterations(s), runs[s.name] / "runs", "--checkpoint-every", 0) for s in scripts
+            }
+            jobs = [batch_job(s.name, args[s.name], runs[s.name]) for s in scripts]
+            proc = launch_batch(jobs, 2, tmp_path_factory.mktemp("finished") / "jobs.json", timeout=120 * len(jobs))
+            for s in scripts:
+                output = "".join((runs[s.name] / f"output{r}").read_text() for r in (0, 1))
+                assert proc.returncode == 0 and batch_exit_codes(runs[s.name], 2) == [0, 0], proc.stderr + output
+                done[s.name] = only_run_dir(runs[s.name] / "runs")
         return done[script.name]
 
     return finished_run
