@@ -10,7 +10,18 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from helpers import REPO, event_files, launch, main_error, only_run_dir, read_scalars, wandb_offline_runs
+from helpers import (
+    REPO,
+    batch_exit_codes,
+    batch_job,
+    event_files,
+    launch,
+    launch_batch,
+    main_error,
+    only_run_dir,
+    read_scalars,
+    wandb_offline_runs,
+)
 
 from cleanrl_ddp import evals
 from cleanrl_ddp.evaluate import EvalError
@@ -107,25 +118,48 @@ def test_eval_video_wandb_and_evaluate_command(tmp_path):
         evaluate_main([str(run_dir), "--episodes", "1", "--capture-video", "--out-dir", str(out_dir)])
 
 
-# script: (flags, the global step of the first evaluation); ppo_multigpu.py's stop: its CartPole learning test
+# script: (flags, the global step of the first evaluation), runs that --target-return 0 stops there (every return
+# is >= 0); ppo_multigpu.py's stop: its CartPole learning test
 STOP_RUNS = {
     "ppo_atari_multigpu.py": ([*ATARI_TINY, "--total-timesteps", 640, "--eval-every", 64], 64),
     "dqn_atari_multigpu.py": ([*DQN_TINY, "--total-timesteps", 100000, "--eval-every", 64], 64),
+    "ppo_continuous_action_multigpu.py": ([*CONTINUOUS_TINY, "--total-timesteps", 512, "--eval-every", 128], 128),
 }
+VIDEO = {"ppo_atari_multigpu.py": ["--eval-episodes", 1, "--capture-video"]}
+VIDEO["dqn_atari_multigpu.py"] = VIDEO["ppo_atari_multigpu.py"]
 
 
-@pytest.mark.parametrize("script", STOP_RUNS)
-def test_target_return_stops_every_rank_at_the_same_iteration(tmp_path, capsys, script):
+@pytest.fixture(scope="module")
+def stop_runs(tmp_path_factory):
+    """The STOP_RUNS on 2 ranks, launched together (helpers.launch_batch: one after another in the same two ranks,
+    as their own launches would run them): script -> (its runs directory, what its ranks printed, their exit
+    codes)."""
+    scripts = [s for s in STOP_RUNS if "continuous" not in s or importlib.util.find_spec("mujoco")]
+    outdirs = {s: tmp_path_factory.mktemp(f"stop-{s[:-3]}") for s in scripts}
+    jobs = []
+    for script in scripts:
+        flags, _ = STOP_RUNS[script]
+        args = [*flags, *VIDEO.get(script, ["--eval-episodes", 2]), "--target-return", 0]
+        jobs.append(batch_job(script, [*args, "--runs-dir", outdirs[script] / "runs"], outdirs[script]))
+    proc = launch_batch(jobs, 2, tmp_path_factory.mktemp("stop") / "jobs.json", timeout=240 * len(jobs))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {
+        s: (o / "runs", "".join((o / f"output{r}").read_text() for r in (0, 1)), batch_exit_codes(o, 2))
+        for s, o in outdirs.items()
+    }
+
+
+@pytest.mark.parametrize("script", [s for s in STOP_RUNS if "continuous" not in s])
+def test_target_return_stops_every_rank_at_the_same_iteration(tmp_path, capsys, stop_runs, script):
     """Every return is >= 0: the first evaluation stops the 2-rank Atari job, with a final checkpoint. The run
     records it (frames written by hand: ALE's vector env cannot render), and the evaluate command plays the
     checkpoint and records a video of its own (CartPole's video: the first test; ppo_multigpu.py's stop at a
     target return: tests/test_ppo_multigpu.py's learning test)."""
-    flags, step = STOP_RUNS[script]
-    args = [*flags, "--runs-dir", tmp_path, "--eval-episodes", 1, "--target-return", 0, "--capture-video"]
-    proc = launch(script, args, nproc=2, timeout=240)
-    assert proc.returncode == 0, proc.stdout + proc.stderr  # torchrun exits 0 only if both ranks did
-    assert f"reached --target-return 0.0 at global step {step};" in proc.stdout
-    run_dir = only_run_dir(tmp_path)
+    _, step = STOP_RUNS[script]
+    runs_dir, output, exit_codes = stop_runs[script]
+    assert exit_codes == [0, 0], output  # both ranks stopped, and alike
+    assert f"reached --target-return 0.0 at global step {step};" in output
+    run_dir = only_run_dir(runs_dir)
     ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert ckpt["global_step"] == step  # the final checkpoint, at the stop
     scalars = read_scalars(run_dir)
@@ -135,7 +169,7 @@ def test_target_return_stops_every_rank_at_the_same_iteration(tmp_path, capsys, 
     assert (run_dir / f"videos/eval-step{step}.mp4").stat().st_size > 1000
     assert tensorboard_images(run_dir, "eval/video") == [step]
 
-    out_dir = tmp_path.parent / f"{tmp_path.name}-evaluation"
+    out_dir = tmp_path / "evaluation"
     out = evaluate_here(capsys, run_dir, "--episodes", 2, "--capture-video", "--out-dir", out_dir, "--log-to-run")
     assert f"{script[:-3]} BreakoutNoFrameskip-v4 at global step {step}: return " in out
     assert "over 2 sampled episodes" in out  # the runs' own default (DQN: its --eval-epsilon 1.0)
@@ -193,15 +227,12 @@ def test_atari_evaluation_keeps_training_streams_and_records_the_game(tmp_path, 
     assert video["path"] == str(tmp_path / "videos/game.mp4") and (tmp_path / "videos/game.mp4").stat().st_size > 1000
 
 
-def test_continuous_target_return_and_evaluate_with_normalisation(tmp_path, capsys):
+def test_continuous_target_return_and_evaluate_with_normalisation(stop_runs, capsys):
     pytest.importorskip("mujoco")
-    args = [*CONTINUOUS_TINY, "--runs-dir", tmp_path, "--total-timesteps", 512, "--eval-every", 128]
-    proc = launch(
-        "ppo_continuous_action_multigpu.py", [*args, "--eval-episodes", 2, "--target-return", 0], nproc=2, timeout=240
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "reached --target-return 0.0 at global step 128;" in proc.stdout
-    run_dir = only_run_dir(tmp_path)
+    runs_dir, output, exit_codes = stop_runs["ppo_continuous_action_multigpu.py"]
+    assert exit_codes == [0, 0], output
+    assert "reached --target-return 0.0 at global step 128;" in output
+    run_dir = only_run_dir(runs_dir)
     ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert ckpt["iteration"] == 1 and ckpt["agent_kwargs"] == dict(obs_dim=4, action_dim=1)
     assert [step for step, _ in read_scalars(run_dir)["eval/episodic_return"]] == [128]
