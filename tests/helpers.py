@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -145,13 +146,11 @@ def only_run_dir(runs_dir) -> Path:
     return dirs[0]
 
 
-def main_error(monkeypatch, script: str, *flags, env=None) -> str:
-    """The RunError that `script`'s main() raises with `flags`, in this process as one rank (the launcher's variables
-    removed, `env` set). A bad input needs no process of its own: `rt.exit_codes` prints every RunError as one line
-    with its exit code (tests/test_runtime.py), and one case per test file also runs as a command. The signal
-    handlers and thread count that main() sets are put back."""
-    from cleanrl_ddp.runtime import RunError
-
+@contextmanager
+def as_one_rank(monkeypatch, script: str, *flags, env=None):
+    """`script`'s main() to call in this process as one rank with `flags` (the launcher's variables removed, `env`
+    set); the signal handlers and thread count that main() sets are put back afterwards. A process of its own costs
+    about 5 CPU-seconds here (importing torch, and what its optimizers import), more than a tiny run."""
     for var in LAUNCH_VARS:
         monkeypatch.delenv(var, raising=False)
     for var, value in (env or {}).items():
@@ -161,13 +160,31 @@ def main_error(monkeypatch, script: str, *flags, env=None) -> str:
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
     threads = torch.get_num_threads()
     try:
-        with pytest.raises(RunError) as error:
-            module.main()
+        yield module.main
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
         torch.set_num_threads(threads)
+
+
+def main_error(monkeypatch, script: str, *flags, env=None) -> str:
+    """The RunError that `script`'s main() raises with `flags`, in this process as one rank (`as_one_rank`). A bad
+    input needs no process of its own: `rt.exit_codes` prints every RunError as one line with its exit code
+    (tests/test_runtime.py), and one case per test file also runs as a command."""
+    from cleanrl_ddp.runtime import RunError
+
+    with as_one_rank(monkeypatch, script, *flags, env=env) as main, pytest.raises(RunError) as error:
+        main()
     return str(error.value)
+
+
+def main_output(monkeypatch, capsys, script: str, *flags) -> str:
+    """What `script`'s main() prints with `flags`, run to its end in this process as one rank (`as_one_rank`): a
+    run whose command line is not what a test is about (the plain-python command: the same variables unset)."""
+    capsys.readouterr()
+    with as_one_rank(monkeypatch, script, *flags) as main:
+        main()
+    return capsys.readouterr().out
 
 
 def assert_one_line_error(proc, pattern: str, script: str) -> None:

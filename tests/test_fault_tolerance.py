@@ -36,6 +36,7 @@ from helpers import (
     launch,
     launch_batch,
     main_error,
+    main_output,
     only_run_dir,
     read_scalars,
     start,
@@ -421,14 +422,17 @@ def assert_same_bits(a, b, where="") -> None:
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_sigterm_then_resume_finishes_and_equals_the_uninterrupted_run(tmp_path, finished_runs, script):
+def test_sigterm_then_resume_finishes_and_equals_the_uninterrupted_run(
+    tmp_path, monkeypatch, capsys, finished_runs, script
+):
     """SIGTERM to torchrun: every rank stops at the same iteration after a checkpoint (exit 75). Where each rank's
     envs are checkpointed (EXACT), `--resume` alone on 2 ranks finishes the run bit for bit as the same run without
     the stop: weights, Adam's moments, every rank's RNG streams and envs (and the continuous script's statistics).
     Restoring only the weights fails this. The same checkpoint resumes on one rank (plain python): the global
     batch, schedules and counters go on, every TensorBoard step logged once (the 2-rank resume of the scripts that
     reset their envs adds nothing to this: its weights, counters and steps are checked the same way on one rank; a
-    resume onto more ranks: the elastic test below). (W&B continuing the same run on resume: tests/test_runtime.py.)"""
+    resume onto more ranks: the elastic test below), here in this process (helpers.main_output: as the plain-python
+    command runs it). (W&B continuing the same run on resume: tests/test_runtime.py.)"""
     iterations, steps_per_iter = sigterm_iterations(script), 2 * script.local_steps
     proc = start(script.name, script.args(iterations, tmp_path / "runs", "--checkpoint-every", 2), nproc=2)
     wait_until(lambda: first_checkpoint(tmp_path / "runs"), 120, proc, "first checkpoint")
@@ -447,10 +451,9 @@ def test_sigterm_then_resume_finishes_and_equals_the_uninterrupted_run(tmp_path,
     assert ckpt["iteration"] == stopped_at < iterations
     assert ckpt["global_step"] == stopped_step == stopped_at * steps_per_iter
 
-    def assert_resumed(resumed, run_dir: Path, world_size: int) -> dict:
+    def assert_resumed(stdout: str, run_dir: Path, world_size: int) -> dict:
         """The resume at `world_size` went on from the checkpoint to exactly the requested step."""
-        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-        assert f"resuming at iteration {stopped_at + 1}" in resumed.stdout
+        assert f"resuming at iteration {stopped_at + 1}" in stdout
         assert only_run_dir(run_dir.parent) == run_dir
         final = load(run_dir / "checkpoint.pt")
         assert final["world_size"] == world_size and global_sizes(final) == global_sizes(ckpt)
@@ -462,7 +465,9 @@ def test_sigterm_then_resume_finishes_and_equals_the_uninterrupted_run(tmp_path,
         on_one = tmp_path / "on-1" / run_dir.name
         shutil.copytree(run_dir, on_one)
         # only --resume: the other flags (env, budget, sizes, ...) come from the checkpoint
-        final = assert_resumed(launch(script.name, ["--resume", run_dir], nproc=2, timeout=180), run_dir, 2)
+        resumed = launch(script.name, ["--resume", run_dir], nproc=2, timeout=180)
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        final = assert_resumed(resumed.stdout, run_dir, 2)
         expected = load(finished_runs(script) / "checkpoint.pt")
         assert expected["global_step"] == final["global_step"]
         for key in ("agent", "q_network", "optimizer", "rng", "obs_stats", "return_stats"):
@@ -472,15 +477,15 @@ def test_sigterm_then_resume_finishes_and_equals_the_uninterrupted_run(tmp_path,
 
     # On one rank (a requeue onto fewer GPUs): the per-rank flags are derived again from the global sizes, so the
     # global envs and batch, the schedules and the global step continue.
-    resumed = launch(script.name, ["--resume", run_dir], nproc=0, timeout=180)
-    assert "world size 2 -> 1: global sizes kept" in resumed.stdout, resumed.stdout + resumed.stderr
+    resumed = main_output(monkeypatch, capsys, script.name, "--resume", run_dir)
+    assert "world size 2 -> 1: global sizes kept" in resumed, resumed
     final = assert_resumed(resumed, run_dir, 1)
     num_envs = final["sizes"]["num_envs"]
     assert final["args"]["local_num_envs"] == num_envs
     if script in EXACT:  # every env went on from where it stopped, now all on rank 0
         assert [len(state[0]) for state in final["rank_state"]] == [num_envs]
     if script in (SAC, TD3):  # the counters went on from the checkpoint, and updates waited for the buffer refill
-        assert f"updates restart at global step {stopped_step + 16}" in resumed.stdout
+        assert f"updates restart at global step {stopped_step + 16}" in resumed
         refilled = iterations - stopped_at - 16 // steps_per_iter  # iterations with updates after the resume
         assert final["num_updates"] == ckpt["num_updates"] + 2 * max(refilled, 0) > ckpt["num_updates"] > 0
 
