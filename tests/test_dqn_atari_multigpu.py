@@ -7,7 +7,7 @@ from collections import deque
 import numpy as np
 import pytest
 import torch
-from helpers import REPO, launch, main_error, only_run_dir, read_scalars
+from helpers import REPO, launch, main_error, main_output, only_run_dir, read_scalars
 
 from cleanrl_ddp.atari import ale_game
 from cleanrl_ddp.dqn_atari_multigpu import Args, FrameReplayBuffer, derive_sizes, life_lost, linear_schedule, td_loss
@@ -199,16 +199,15 @@ def test_training_updates_and_keeps_every_rank_identical(tmp_path):
     assert "reached --target-return -1000.0 at global step 128" in proc.stdout
 
 
-def test_resume_refills_the_buffer_then_continues(tmp_path, monkeypatch):
+def test_resume_refills_the_buffer_then_continues(tmp_path, monkeypatch, capsys):
     # a finished 1-process run (128 steps, 4 updates), resumed to 256 steps: the replay memory is not saved,
-    # so updates restart --learning-starts (100) steps after the checkpoint, at 232, 240, 248 and 256
-    first = launch(SCRIPT, [*TINY, "--runs-dir", tmp_path, "--total-timesteps", 128], nproc=0, timeout=240)
-    assert first.returncode == 0, first.stdout + first.stderr
+    # so updates restart --learning-starts (100) steps after the checkpoint, at 232, 240, 248 and 256; both in this
+    # process (helpers.main_output), as the plain-python command runs them
+    main_output(monkeypatch, capsys, SCRIPT, *TINY, "--runs-dir", tmp_path, "--total-timesteps", 128)
     run_dir = only_run_dir(tmp_path)
-    again = launch(SCRIPT, ["--resume", run_dir, "--total-timesteps", 256], nproc=0, timeout=240)
-    assert again.returncode == 0, again.stdout + again.stderr
-    assert "resuming at iteration 65, global step 128" in again.stdout
-    assert "updates restart at global step 228 (buffer refill)" in again.stdout
+    again = main_output(monkeypatch, capsys, SCRIPT, "--resume", run_dir, "--total-timesteps", 256)
+    assert "resuming at iteration 65, global step 128" in again
+    assert "updates restart at global step 228 (buffer refill)" in again
     ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert ckpt["global_step"] == 256 and ckpt["num_updates"] == 8
     updates = read_scalars(run_dir)["charts/updates"]  # every logged step once (purge_step), counts carried over

@@ -18,6 +18,7 @@ from helpers import (
     launch,
     launch_batch,
     main_error,
+    main_output,
     only_run_dir,
     read_scalars,
     wandb_offline_runs,
@@ -177,7 +178,8 @@ def test_target_return_stops_every_rank_at_the_same_iteration(tmp_path, capsys, 
     assert tensorboard_images(run_dir, "eval/video") == [step, step]  # the run's, and (--log-to-run) evaluate's
 
 
-# PQN: one process, one evaluation with video after the first iteration, then the evaluate command on the checkpoint
+# PQN: one process (this one), one evaluation with video after the first iteration, then the evaluate command on the
+# checkpoint
 # (Atari: epsilon 1 in training and in the sampled evaluation, --end-e: an untrained greedy net may never FIRE)
 PQN_RUNS = {
     "pqn_multigpu.py": (["--local-num-envs", 2, "--num-steps", 16, "--num-minibatches", 2], 32, "greedy"),
@@ -186,11 +188,10 @@ PQN_RUNS = {
 
 
 @pytest.mark.parametrize("script", PQN_RUNS)
-def test_pqn_evaluation_video_and_evaluate_command(tmp_path, capsys, script):
+def test_pqn_evaluation_video_and_evaluate_command(tmp_path, monkeypatch, capsys, script):
     flags, step, policy = PQN_RUNS[script]
     args = [*flags, "--total-timesteps", step, "--eval-every", step, "--eval-episodes", 2, "--capture-video"]
-    proc = launch(script, [*args, "--runs-dir", tmp_path / "runs"], nproc=0, timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    main_output(monkeypatch, capsys, script, *args, "--runs-dir", tmp_path / "runs")  # in this process
     run_dir = only_run_dir(tmp_path / "runs")
     assert [s for s, _ in read_scalars(run_dir)["eval/episodic_return"]] == [step]
     assert (run_dir / f"videos/eval-step{step}.mp4").stat().st_size > 1000

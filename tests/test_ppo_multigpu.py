@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from helpers import assert_one_line_error, launch, main_error, only_run_dir, read_scalars
+from helpers import assert_one_line_error, launch, main_error, main_output, only_run_dir, read_scalars
 
 from cleanrl_ddp.ppo_multigpu import Args, compute_gae, derive_sizes, normalize_advantages, ppo_loss
 
@@ -166,15 +166,14 @@ def test_learns_cartpole_with_two_ranks(cartpole_run):
     assert max(s for s, _ in scalars["charts/SPS"]) == step  # no rank went on training
 
 
-def test_resume_takes_sizes_from_the_checkpoint(tmp_path, monkeypatch):
+def test_resume_takes_sizes_from_the_checkpoint(tmp_path, monkeypatch, capsys):
     # A tiny run, then extended with only --total-timesteps: the size flags come from the checkpoint
-    # (the defaults, 4 envs x 128 steps, would not even fit one iteration into this budget).
-    first = launch(SCRIPT, [*TINY, "--total-timesteps", 128, "--runs-dir", tmp_path], nproc=0)
-    assert first.returncode == 0, first.stdout + first.stderr
+    # (the defaults, 4 envs x 128 steps, would not even fit one iteration into this budget). Both in this process
+    # (helpers.main_output), as the plain-python command runs them.
+    main_output(monkeypatch, capsys, SCRIPT, *TINY, "--total-timesteps", 128, "--runs-dir", tmp_path)
     run_dir = only_run_dir(tmp_path)
-    again = launch(SCRIPT, ["--resume", run_dir, "--total-timesteps", 256], nproc=0)
-    assert again.returncode == 0, again.stdout + again.stderr
-    assert "resuming at iteration 3, global step 128" in again.stdout
+    again = main_output(monkeypatch, capsys, SCRIPT, "--resume", run_dir, "--total-timesteps", 256)
+    assert "resuming at iteration 3, global step 128" in again
     steps = [s for s, _ in read_scalars(run_dir)["losses/value_loss"]]
     assert steps == [64, 128, 192, 256]
     files = sorted(p.name for p in run_dir.iterdir())
