@@ -912,6 +912,12 @@ def observe(outdir: Path, script_path: str, script_args: list, nudge_after_step:
     )
     optimizers = []
     spec = SCRIPTS[Path(script_path).name]
+    import gc
+
+    def networks_and_optimizers():
+        return [o for o in gc.get_objects() if issubclass(type(o), (torch.optim.Optimizer, torch.nn.Module))]
+
+    earlier = {id(o) for o in networks_and_optimizers()}  # an earlier run's, kept alive (`LEFT_BY_RUNS`)
     networks = []  # the optimised networks of spec.target_classes, found at the first optimizer step
     targets = []  # the networks of those classes whose parameters no optimizer holds
     target_versions = []
@@ -1002,9 +1008,8 @@ def observe(outdir: Path, script_path: str, script_args: list, nudge_after_step:
             optimizers.append(optimizer)
         if rec["params_before_first_update"] is None:
             rec["params_before_first_update"] = flat_params(p for g in optimizer.param_groups for p in g["params"])
-            import gc  # every optimizer and network the script made (the other optimizers have not stepped yet)
-
-            found = [o for o in gc.get_objects() if issubclass(type(o), (torch.optim.Optimizer, torch.nn.Module))]
+            # every optimizer and network the script made (the other optimizers have not stepped yet)
+            found = [o for o in networks_and_optimizers() if id(o) not in earlier]
             every = [o for o in found if isinstance(o, torch.optim.Optimizer)]
             optimised = {id(p) for o in every for g in o.param_groups for p in g["params"]}
             for name in spec.target_classes:  # one target per class, in the order of spec.target_classes
@@ -1071,6 +1076,13 @@ def observe(outdir: Path, script_path: str, script_args: list, nudge_after_step:
     return rec["exit_code"]
 
 
+# What each run left (its SystemExit, whose traceback holds the run's objects), kept until the process leaves with
+# os._exit: a gloo process group joins its threads in its destructor while holding the GIL, which one of them may be
+# waiting for (seen: a DDP Reducer freed after a preempted SAC run hung rank 1); the scripts leave with os._exit
+# for the same reason.
+LEFT_BY_RUNS = []
+
+
 def run_script(script_path: str, script_args: list) -> int:
     """Run the script as `__main__` with `script_args`, here; its exit code (it leaves with os._exit, which raises
     SystemExit meanwhile, so that the caller can record and go on)."""
@@ -1080,6 +1092,7 @@ def run_script(script_path: str, script_args: list) -> int:
         runpy.run_path(script_path, run_name="__main__")
         return 0
     except SystemExit as e:
+        LEFT_BY_RUNS.append(e)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     finally:
         sys.argv, os._exit = argv, exit_
@@ -1165,7 +1178,6 @@ def batch(jobs_file: Path) -> None:
     run writes its exit code to OUTDIR/exit{R}, what it printed to OUTDIR/output{R} and what it recorded to
     OUTDIR/rank{R}.pt."""
     import contextlib
-    import gc
 
     import torch.distributed as dist
 
@@ -1197,7 +1209,6 @@ def batch(jobs_file: Path) -> None:
                 unpin()
             if dist.is_initialized():
                 dist.destroy_process_group()
-            gc.collect()  # the run's networks and optimizers: the next run's observe looks for its own by class
         (outdir / f"exit{rank}").write_text(str(code))
 
 

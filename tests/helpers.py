@@ -58,14 +58,16 @@ def batch_job(script: str, args, outdir: Path, mode="plain", global_envs=0) -> d
     return dict(mode=mode, script=script_path(script), args=args, outdir=str(outdir), global_envs=global_envs)
 
 
-def launch_batch(jobs: list, nproc: int, jobs_file: Path, timeout: float, **kw) -> subprocess.CompletedProcess:
+def launch_batch(jobs: list, nproc: int, jobs_file: Path, timeout: float, start_only=False, **kw):
     """Run the `batch_job`s one after another in one launch of `nproc` ranks (0: plain python), each in a process
     group of its own, so that the ranks start once for all (tests/dist_worker.py's `batch`). Each job's exit code is
-    in its outdir's `exit{R}` (`batch_exit_codes`), what it printed in `output{R}`."""
+    in its outdir's `exit{R}` (`batch_exit_codes`), what it printed in `output{R}`. Returns the CompletedProcess;
+    with `start_only`, the Popen at once, as `start` does."""
     jobs_file.write_text(json.dumps(jobs))
-    return launch(
-        None, nproc=nproc, timeout=timeout, wrapper=[REPO / "tests" / "dist_worker.py", "batch", jobs_file], **kw
-    )
+    wrapper = [REPO / "tests" / "dist_worker.py", "batch", jobs_file]
+    if start_only:
+        return start(None, nproc=nproc, wrapper=wrapper, **kw)
+    return launch(None, nproc=nproc, timeout=timeout, wrapper=wrapper, **kw)
 
 
 def batch_exit_codes(outdir: Path, world_size: int) -> list:
@@ -74,12 +76,12 @@ def batch_exit_codes(outdir: Path, world_size: int) -> list:
     return [int(e.read_text()) if e.exists() else None for e in exits]
 
 
-def start(script, args=(), nproc=1, env=None, torchrun_args=None, cwd=None, **popen_kwargs) -> subprocess.Popen:
-    """Start `script` like `launch` but return at once, in its own process group (for fault injection).
+def start(script, args=(), nproc=1, env=None, torchrun_args=None, cwd=None, wrapper=(), **popen_kwargs):
+    """Start `script` like `launch` but return at once (the Popen), in its own process group (for fault injection).
 
     Finish with `finish(proc, timeout)`, which never waits past `timeout` and kills the whole group.
     """
-    cmd, full_env = command(script, args, nproc, env, torchrun_args)
+    cmd, full_env = command(script, args, nproc, env, torchrun_args, wrapper)
     return subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,

@@ -421,11 +421,58 @@ def assert_same_bits(a, b, where="") -> None:
         assert a == b, where
 
 
+def sigterm_run(script: Script, runs_dir: Path) -> list:
+    """The SIGTERM test's run: 2 ranks, a checkpoint every 2 iterations."""
+    return script.args(sigterm_iterations(script), runs_dir, "--checkpoint-every", 2)
+
+
+def stop_when_checkpointed(script: Script, runs_dir: Path, proc, pids) -> None:
+    """SIGTERM to the processes `pids()` once the run has a checkpoint (SAC, TD3: once updates began, so that the
+    resume must carry the update counters on)."""
+    wait_until(lambda: first_checkpoint(runs_dir), 120, proc, "first checkpoint")
+    if script in (SAC, TD3):
+        wait_until(lambda: load(first_checkpoint(runs_dir))["num_updates"], 120, proc, "updates checkpointed")
+    for pid in pids():
+        os.kill(pid, signal.SIGTERM)
+
+
+@pytest.fixture(scope="module")
+def stopped_runs(tmp_path_factory):
+    """stopped_runs(script): (runs directory, output, each rank's exit code) of the SIGTERM run of a script other
+    than ppo_multigpu.py, SIGTERM sent to both ranks (as SLURM signals every task) once it had a checkpoint. The runs
+    of all of them share one 2-rank launch (`launch_batch`: one after another in the same ranks), started the first
+    time one is asked for; ppo_multigpu.py's SIGTERM goes to torchrun, which forwards it."""
+    done = {}
+
+    def stopped_run(script: Script) -> tuple:
+        if not done:
+            scripts = [s.values[0] for s in SCRIPTS if s.values[0] is not PPO and not s.marks]
+            dirs = {s.name: tmp_path_factory.mktemp(f"stopped-{s.stem}") for s in scripts}
+            jobs = [batch_job(s.name, sigterm_run(s, dirs[s.name] / "runs"), dirs[s.name]) for s in scripts]
+            jobs_file = tmp_path_factory.mktemp("stopped") / "jobs.json"
+            proc = launch_batch(jobs, 2, jobs_file, 0, start_only=True)
+            try:
+                for s in scripts:
+                    stop_when_checkpointed(s, dirs[s.name] / "runs", proc, lambda: child_pids(proc.pid))
+                    stopped = dirs[s.name]
+                    wait_until(lambda d=stopped: None not in batch_exit_codes(d, 2), 120, proc, f"{s.stem} to stop")
+            finally:
+                result = finish(proc, 120)
+            assert result.returncode == 0, result.stdout + result.stderr
+            for s in scripts:
+                output = "".join((dirs[s.name] / f"output{r}").read_text() for r in (0, 1))
+                done[s.name] = dirs[s.name] / "runs", output, batch_exit_codes(dirs[s.name], 2)
+        return done[script.name]
+
+    return stopped_run
+
+
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_sigterm_then_resume_finishes_and_equals_the_uninterrupted_run(
-    tmp_path, monkeypatch, capsys, finished_runs, script
+    tmp_path, monkeypatch, capsys, finished_runs, stopped_runs, script
 ):
-    """SIGTERM to torchrun: every rank stops at the same iteration after a checkpoint (exit 75). Where each rank's
+    """SIGTERM: every rank stops at the same iteration after a checkpoint (exit 75): sent to torchrun, which forwards
+    it to every worker (ppo_multigpu.py), or to every rank as SLURM does (the others, `stopped_runs`). Where each rank's
     envs are checkpointed (EXACT), `--resume` alone on 2 ranks finishes the run bit for bit as the same run without
     the stop: weights, Adam's moments, every rank's RNG streams and envs (and the continuous script's statistics).
     Restoring only the weights fails this. The same checkpoint resumes on one rank (plain python): the global
@@ -434,19 +481,21 @@ def test_sigterm_then_resume_finishes_and_equals_the_uninterrupted_run(
     resume onto more ranks: the elastic test below), here in this process (helpers.main_output: as the plain-python
     command runs it). (W&B continuing the same run on resume: tests/test_runtime.py.)"""
     iterations, steps_per_iter = sigterm_iterations(script), 2 * script.local_steps
-    proc = start(script.name, script.args(iterations, tmp_path / "runs", "--checkpoint-every", 2), nproc=2)
-    wait_until(lambda: first_checkpoint(tmp_path / "runs"), 120, proc, "first checkpoint")
-    if script in (SAC, TD3):  # stop after updates began, so that the resume must carry the update counters on
-        wait_until(lambda: load(first_checkpoint(tmp_path / "runs"))["num_updates"], 120, proc, "updates checkpointed")
-    os.kill(proc.pid, signal.SIGTERM)  # torchrun forwards SIGTERM to every worker
-    result = finish(proc, 120)
-    output = result.stdout + result.stderr
-    assert result.returncode == 1, output  # torchrun's own code after a signal; the workers exit 75
+    if script is PPO:
+        runs_dir = tmp_path / "runs"
+        proc = start(script.name, sigterm_run(script, runs_dir), nproc=2)
+        stop_when_checkpointed(script, runs_dir, proc, lambda: [proc.pid])  # torchrun forwards SIGTERM to every worker
+        result = finish(proc, 120)
+        output = result.stdout + result.stderr
+        assert result.returncode == 1, output  # torchrun's own code after a signal; the workers exit 75
+    else:
+        runs_dir, output, exit_codes = stopped_runs(script)
+        assert exit_codes == [75, 75], output
     lines = [line for line in output.splitlines() if line.startswith(f"{script.stem}: preempted")]
     assert len(lines) == 1, output
     stopped_step = int(re.search(r"at global step (\d+);", lines[0]).group(1))
     stopped_at = stopped_step // steps_per_iter
-    run_dir = only_run_dir(tmp_path / "runs")
+    run_dir = only_run_dir(runs_dir)
     ckpt = load(run_dir / "checkpoint.pt")
     assert ckpt["iteration"] == stopped_at < iterations
     assert ckpt["global_step"] == stopped_step == stopped_at * steps_per_iter
