@@ -11,27 +11,28 @@ import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-# longest first: by each file's seconds in a whole run on the 2-core machine (2026-11-27, three workers; SAC's and
-# TD3's learning tests since moved to one process), SLURM's first
+# longest first: by each file's seconds on its worker in a whole run on the 2-core machine (2026-11-27, three
+# workers), SLURM's first: it mostly waits
 FIRST = (
-    "test_slurm.py",  # 256 s, mostly waiting
-    "test_distributed_correctness.py",  # 941
-    "test_fault_tolerance.py",  # 803
-    "test_evaluation.py",  # 233
-    "test_gpu_check.py",  # 238, about 180 with one graphs: row
-    "test_benchmark_throughput.py",  # 128
-    "test_ppo_continuous_action_multigpu.py",  # 124
-    "test_ppo_multigpu.py",  # 110
-    "test_sac_continuous_action_multigpu.py",  # 112
-    "test_td3_continuous_action_multigpu.py",  # 83
-    "test_dqn_atari_multigpu.py",  # 89, about 65 with one 2-rank run
-    "test_benchmark_harness.py",  # 72
-    "test_host_syncs.py",  # 63
-    "test_ppo_atari_multigpu.py",  # 59
-    "test_run_in_calls.py",  # 58
-    "test_checkpoint_safety.py",  # 53
-    "test_cudagraphs.py",  # 51
-    "test_ppo_atari_async_multigpu.py",  # 50
+    "test_slurm.py",  # 225 s, mostly waiting
+    "test_fault_tolerance.py",  # 420
+    "test_distributed_correctness.py",  # 355
+    "test_gpu_check.py",  # 186
+    "test_evaluation.py",  # 110
+    "test_benchmark_throughput.py",  # 97
+    "test_ppo_continuous_action_multigpu.py",  # 84
+    "test_ppo_multigpu.py",  # 70
+    "test_sac_continuous_action_multigpu.py",  # 68
+    "test_benchmark_harness.py",  # 60
+    "test_td3_continuous_action_multigpu.py",  # 56
+    "test_run_in_calls.py",  # 53
+    "test_ppo_atari_multigpu.py",  # 47
+    "test_dqn_atari_multigpu.py",  # 45
+    "test_host_syncs.py",  # 40
+    "test_checkpoint_safety.py",  # 36
+    "test_cudagraphs.py",  # 25
+    "test_runtime.py",  # 23
+    "test_ppo_atari_async_multigpu.py",  # 20
 )
 
 
