@@ -101,12 +101,12 @@ STAND_IN = textwrap.dedent(
 
 
 def test_the_deadline_sends_sigterm_at_the_margin_then_kills_a_run_that_goes_on(tmp_path):
-    """A stand-in run (no torch: it starts in well under the 3 s before its SIGTERM) notes when SIGTERM reaches
-    it, --margin seconds before the deadline, and goes on; 5 s before the deadline it is killed, and the piece
-    says so."""
+    """A stand-in run (no torch: it starts well within the 9 s before its SIGTERM, on a loaded machine too; 3 s was
+    once too few under the whole suite) notes when SIGTERM reaches it, --margin seconds before the deadline, and goes
+    on; 5 s before the deadline it is killed, and the piece says so."""
     script = tmp_path / "stand_in.py"
     script.write_text(STAND_IN)
-    args = ["--script", script, "--env-id", "Game", "--runs-dir", tmp_path, "--minutes", 0.15, "--margin", 6]
+    args = ["--script", script, "--env-id", "Game", "--runs-dir", tmp_path, "--minutes", 0.25, "--margin", 6]
     piece = subprocess.run(run_in_calls(*args), cwd=REPO, capture_output=True, text=True, timeout=60)
     assert piece.returncode == 1 and "6 s before the deadline: SIGTERM" in piece.stdout, piece.stdout + piece.stderr
     run_dir = tmp_path / "Game__stand_in__ws1__seed1"
@@ -114,7 +114,7 @@ def test_the_deadline_sends_sigterm_at_the_margin_then_kills_a_run_that_goes_on(
     assert (record["outcome"], record["exit_code"]) == ("killed", -9)
     sigterm = float((run_dir / "piece1.log").read_text().split("SIGTERM at ")[1])
     start, end = record["start_time"], record["end_time"]
-    assert 3 <= sigterm - start < 4 and 4 <= end - start < 5, (sigterm - start, end - start)  # the deadline at 9 s
+    assert 9 <= sigterm - start < 10 and 10 <= end - start < 11, (sigterm - start, end - start)  # the deadline at 15 s
 
 
 def test_a_piece_whose_run_in_calls_died_is_recorded_as_interrupted(tmp_path):
