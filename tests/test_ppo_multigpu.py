@@ -174,7 +174,9 @@ def test_resume_takes_sizes_from_the_checkpoint(tmp_path, monkeypatch, capsys):
     run_dir = only_run_dir(tmp_path)
     again = main_output(monkeypatch, capsys, SCRIPT, "--resume", run_dir, "--total-timesteps", 256)
     assert "resuming at iteration 3, global step 128" in again
-    steps = [s for s, _ in read_scalars(run_dir)["losses/value_loss"]]
+    # by step: TensorBoard reads a run's files in name order, and two writers of one process within one second
+    # differ only in a counter it compares as text ("10" before "9")
+    steps = sorted(s for s, _ in read_scalars(run_dir)["losses/value_loss"])
     assert steps == [64, 128, 192, 256]
     files = sorted(p.name for p in run_dir.iterdir())
     done = main_error(monkeypatch, SCRIPT, "--resume", run_dir)  # a finished run: refused before any log is opened
