@@ -1,7 +1,9 @@
-"""Settings of the test session. The suite runs on three pytest-xdist workers (pyproject.toml's addopts), each
-launching scripts that use every core, so the cores are oversubscribed: OpenMP's idle threads then sleep instead of
-spinning (OMP_WAIT_POLICY=PASSIVE), leaving the cores to the other worker's processes. It changes no result, only
-how idle threads wait; every process a test starts inherits it.
+"""Settings of the test session. The suite runs on three pytest-xdist workers (pyproject.toml's addopts) on a
+machine of two cores, so the cores are oversubscribed: every process runs one torch thread (OMP_NUM_THREADS=1; a
+second thread buys a process little time and costs the other workers' processes much: SAC's learning run alone took
+112 CPU-seconds in 58 s with two threads, 65 in 65 s with one), and OpenMP's idle threads sleep instead
+of spinning (OMP_WAIT_POLICY=PASSIVE). Every process a test starts inherits both; the tests of the scripts' own
+thread rule (tests/test_runtime.py, SLURM's jobs in tests/test_slurm.py) set or clear OMP_NUM_THREADS themselves.
 
 The workers take whole files (`--dist loadfile`), each the next file in collection order when it runs low: the
 longest files come first (FIRST), so that the last ones are short and the workers end together. SLURM's tests
@@ -10,6 +12,7 @@ come first of all: they mostly wait on SLURM's clocks, while the two other worke
 import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # longest first: by each file's seconds on its worker in a whole run on the 2-core machine (2026-11-27, three
 # workers), SLURM's first: it mostly waits

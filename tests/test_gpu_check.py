@@ -215,7 +215,8 @@ def test_killed_it_keeps_the_finished_checks_and_leaves_no_process(tmp_path):
     hung, ready = start_hung(tmp_path)
     only = ["nccl-1", "gloo:ppo_atari_multigpu.py", "flat:ppo_atari_multigpu.py"]
     cmd = [sys.executable, "-c", HUNG_CHECKS, hung, str(ready), "--device", "cpu", "--out", str(out), "--only", *only]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # the suite's own (conftest.py): not here
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     hung_pids = ready_pids(ready, 4, proc)  # 2 launchers and their 2 ranks
     try:
         assert set(hung_pids) <= set(runner.marked(str(out.resolve()))), "not every hung process is marked"

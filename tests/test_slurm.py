@@ -171,7 +171,10 @@ PartitionName=low Nodes={node} Default=YES MaxTime=INFINITE State=UP PriorityTie
 PartitionName=high Nodes={node} MaxTime=INFINITE State=UP PriorityTier=2
 """
     )
+    # a user's shell: no SLURM variables, and no OMP_NUM_THREADS (the suite's own, tests/conftest.py), so that the
+    # jobs show the scripts' thread rule
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
+    env.pop("OMP_NUM_THREADS", None)
     env |= {"SLURM_CONF": str(root / "slurm.conf"), "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline"}
     env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"  # the jobs' `python` is this one
     commands = {
