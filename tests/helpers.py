@@ -76,6 +76,12 @@ def batch_exit_codes(outdir: Path, world_size: int) -> list:
     return [int(e.read_text()) if e.exists() else None for e in exits]
 
 
+def batch_output(outdir: Path, world_size: int) -> str:
+    """What a `batch_job` printed, rank 0's first (nothing of a rank whose run never began)."""
+    outputs = [Path(outdir) / f"output{r}" for r in range(world_size)]
+    return "".join(o.read_text() for o in outputs if o.exists())
+
+
 def start(script, args=(), nproc=1, env=None, torchrun_args=None, cwd=None, wrapper=(), **popen_kwargs):
     """Start `script` like `launch` but return at once (the Popen), in its own process group (for fault injection).
 

@@ -24,6 +24,7 @@ from helpers import (
     assert_one_line_error,
     batch_exit_codes,
     batch_job,
+    batch_output,
     free_port,
     launch,
     launch_batch,
@@ -77,8 +78,7 @@ class Run:
         """What the batch launch `proc` left of this run."""
         self.proc = proc
         self.exit_codes = batch_exit_codes(self.outdir, self.world_size)
-        outputs = [self.outdir / f"output{r}" for r in range(self.world_size)]
-        self.output = "".join(o.read_text() for o in outputs if o.exists())
+        self.output = batch_output(self.outdir, self.world_size)
         # what each rank recorded: written also when the run fails
         self.ranks = load_ranks(self.outdir, self.world_size) if self.mode != "plain" else None
 
@@ -526,13 +526,14 @@ def test_td3_ddp_and_flat_paths_agree(unit_td3):
 
 
 # --compile: the script's updates with SAC's and TD3's losses compiled, as the script compiles them, make the updates
-# of the eager ones at 1 rank and at 2 (DDP and flat). Measured: bitwise equal final networks after 4 updates (0
-# relative difference; 3.3e-7 to 7.6e-6 when the whole update functions were compiled); a dropped or doubled
-# collective moves them by 1e-3 or more. The backend is tests/dist_worker.py's COMPILE_BACKEND.
+# of the eager ones at 2 ranks, DDP and flat (flat compiles them as 1 rank does: no DDP wrapper). Measured: bitwise
+# equal final networks after 4 updates (0 relative difference; 3.3e-7 to 7.6e-6 when the whole update functions were
+# compiled); a dropped or doubled collective moves them by 1e-3 or more. The backend is tests/dist_worker.py's
+# COMPILE_BACKEND.
 @pytest.mark.parametrize("script", ["sac", "td3"])
 def test_compiled_updates_match_eager(request, script):
     for r in request.getfixturevalue(f"unit_{script}"):
-        for case in ("1rank", "ddp_2ranks", "flat_2ranks"):
+        for case in ("ddp_2ranks", "flat_2ranks"):
             assert r[f"compiled_vs_eager_{case}_rel_err"] < 1e-4, (case, r)
 
 
@@ -540,7 +541,7 @@ def test_compiled_updates_match_eager(request, script):
 @pytest.mark.parametrize("unit", ["ppo_atari_multigpu.py"], indirect=True)
 def test_compiled_ppo_loss_matches_eager(unit):
     for r in unit:
-        for case in ("1rank", "ddp_2ranks", "flat_2ranks"):
+        for case in ("ddp_2ranks", "flat_2ranks"):
             assert r[f"compiled_vs_eager_{case}_rel_err"] < 1e-4, (case, r)
 
 

@@ -14,6 +14,7 @@ from helpers import (
     REPO,
     batch_exit_codes,
     batch_job,
+    batch_output,
     event_files,
     launch,
     launch_batch,
@@ -144,10 +145,7 @@ def stop_runs(tmp_path_factory):
         jobs.append(batch_job(script, [*args, "--runs-dir", outdirs[script] / "runs"], outdirs[script]))
     proc = launch_batch(jobs, 2, tmp_path_factory.mktemp("stop") / "jobs.json", timeout=240 * len(jobs))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return {
-        s: (o / "runs", "".join((o / f"output{r}").read_text() for r in (0, 1)), batch_exit_codes(o, 2))
-        for s, o in outdirs.items()
-    }
+    return {s: (o / "runs", batch_output(o, 2), batch_exit_codes(o, 2)) for s, o in outdirs.items()}
 
 
 @pytest.mark.parametrize("script", [s for s in STOP_RUNS if "continuous" not in s])

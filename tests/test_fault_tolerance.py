@@ -30,6 +30,7 @@ from helpers import (
     assert_one_line_error,
     batch_exit_codes,
     batch_job,
+    batch_output,
     child_pids,
     finish,
     free_port,
@@ -237,7 +238,7 @@ def finished_runs(tmp_path_factory):
             jobs = [batch_job(s.name, args[s.name], runs[s.name]) for s in scripts]
             proc = launch_batch(jobs, 2, tmp_path_factory.mktemp("finished") / "jobs.json", timeout=120 * len(jobs))
             for s in scripts:
-                output = "".join((runs[s.name] / f"output{r}").read_text() for r in (0, 1))
+                output = batch_output(runs[s.name], 2)
                 assert proc.returncode == 0 and batch_exit_codes(runs[s.name], 2) == [0, 0], proc.stderr + output
                 done[s.name] = only_run_dir(runs[s.name] / "runs")
         return done[script.name]
@@ -460,8 +461,7 @@ def stopped_runs(tmp_path_factory):
                 result = finish(proc, 120)
             assert result.returncode == 0, result.stdout + result.stderr
             for s in scripts:
-                output = "".join((dirs[s.name] / f"output{r}").read_text() for r in (0, 1))
-                done[s.name] = dirs[s.name] / "runs", output, batch_exit_codes(dirs[s.name], 2)
+                done[s.name] = dirs[s.name] / "runs", batch_output(dirs[s.name], 2), batch_exit_codes(dirs[s.name], 2)
         return done[script.name]
 
     return stopped_run
