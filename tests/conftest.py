@@ -1,4 +1,4 @@
-"""Settings of the test session. The suite runs on five pytest-xdist workers (pyproject.toml's addopts) on a
+"""Settings of the test session. The suite runs on four pytest-xdist workers (pyproject.toml's addopts) on a
 machine of two cores, so the cores are oversubscribed: every process runs one torch thread (OMP_NUM_THREADS=1; a
 second thread buys a process little time and costs the other workers' processes much: SAC's learning run alone took
 112 CPU-seconds in 58 s with two threads, 65 in 65 s with one), and OpenMP's idle threads sleep instead of spinning
@@ -7,7 +7,7 @@ second thread buys a process little time and costs the other workers' processes 
 
 The workers take whole files (`--dist loadfile`); a worker gets the next file in collection order when its own is
 nearly done. The longest files come first (FIRST), so that the last ones are short and the workers end together;
-SLURM's tests, which mostly wait on SLURM's clocks, start at once beside the longest."""
+SLURM's tests, which mostly wait on SLURM's clocks, start at once beside the three longest."""
 
 import os
 
