@@ -1209,7 +1209,9 @@ def batch(jobs_file: Path) -> None:
                 unpin()
             if dist.is_initialized():
                 dist.destroy_process_group()
-        (outdir / f"exit{rank}").write_text(str(code))
+        # whole or not at all: a test waiting for the run to stop reads it while the batch goes on
+        (outdir / f"exit{rank}.tmp").write_text(str(code))
+        os.replace(outdir / f"exit{rank}.tmp", outdir / f"exit{rank}")
 
 
 if __name__ == "__main__":
