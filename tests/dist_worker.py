@@ -1182,10 +1182,8 @@ def batch(jobs_file: Path) -> None:
     import torch.distributed as dist
 
     rank, store, dist_init = int(os.environ.get("RANK", 0)), None, dist.init_process_group
-    if int(os.environ.get("WORLD_SIZE", 1)) > 1:
-        dist_init("gloo")
-        store = dist.distributed_c10d._get_default_store()
-        dist.destroy_process_group()
+    if int(os.environ.get("WORLD_SIZE", 1)) > 1:  # torchrun's store, reached without a process group of its own
+        store, _, _ = next(dist.rendezvous("env://"))
     for i, job in enumerate(json.loads(jobs_file.read_text())):
         outdir, script, args = Path(job["outdir"]), job["script"], job["args"]
         outdir.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ Two kinds of test, both on CPU with gloo and the real `torchrun`:
 A new script is covered by adding one `ScriptSpec` to `SCRIPTS` in tests/dist_worker.py.
 """
 
+import functools
 import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -35,12 +36,6 @@ from helpers import (
 WORKER = REPO / "tests" / "dist_worker.py"
 TIMEOUT = 240  # seconds per launch; a hang (e.g. ranks issuing different collectives) fails the test
 COMMON = ["--dist-timeout", "60", "--seed", "7"]  # a desynchronised collective errors out within a minute
-
-
-def load_ranks(outdir: Path, world_size: int) -> list[dict]:
-    files = sorted(outdir.glob("rank*.pt"))
-    assert len(files) == world_size, files
-    return [torch.load(outdir / f"rank{r}.pt", weights_only=True) for r in range(world_size)]
 
 
 # Whole runs with their randomness pinned (`pinned` in tests/dist_worker.py), by (script, gradient path, world size):
@@ -79,8 +74,16 @@ class Run:
         self.proc = proc
         self.exit_codes = batch_exit_codes(self.outdir, self.world_size)
         self.output = batch_output(self.outdir, self.world_size)
-        # what each rank recorded: written also when the run fails
-        self.ranks = load_ranks(self.outdir, self.world_size) if self.mode != "plain" else None
+
+    @functools.cached_property
+    def ranks(self) -> list[dict] | None:
+        """What each rank recorded, written also when the run fails (None for a plain run). Missing where the launch
+        stopped before the run began: then what the launch printed says why."""
+        if self.mode == "plain":
+            return None
+        files = sorted(self.outdir.glob("rank*.pt"))
+        assert len(files) == self.world_size, f"{files}; the launch printed:\n{self.proc.stdout}{self.proc.stderr}"
+        return [torch.load(self.outdir / f"rank{r}.pt", weights_only=True) for r in range(self.world_size)]
 
     def assert_finished(self):
         assert self.proc.returncode == 0, self.proc.stdout + self.proc.stderr
