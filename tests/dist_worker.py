@@ -4,13 +4,13 @@
     torchrun ... tests/dist_worker.py batch JOBS.json
 
 `unit` imports each listed script's own network and update (PPO: ppo_loss and all_reduce_gradients_flat; DQN:
-update_q_network; SAC, TD3: their update stages, with their losses also compiled) and the run module's
-check_replicas_in_sync, and compares distributed updates with the single-process updates on the union of the
-local minibatches; one launch covers several scripts. Then it runs the real `main()` of each script with a
---compile flag (`ScriptSpec.compiled`), in the same processes, with --compile under DDP and with --grad-sync flat,
-and records what torch.compile traced (`compiled_run`); and of each script whose 2-rank --cudagraphs runs are
-checked (`ScriptSpec.captured`), eagerly and with --cudagraphs under DDP and flat, every function that a GPU
-captures recorded by tests/graph_capture.py (`captured_runs`).
+update_q_network; SAC, TD3: their update stages) and the run module's check_replicas_in_sync, and compares
+distributed updates with the single-process updates on the union of the local minibatches; one launch covers
+several scripts. Then it runs the real `main()` of each script with a --compile flag (`ScriptSpec.compiled`), in
+the same processes, with --compile under DDP and with --grad-sync flat, records what torch.compile traced
+(`compiled_run`) and runs the same commands eagerly; and of each script whose 2-rank --cudagraphs runs are checked
+(`ScriptSpec.captured`), eagerly and with --cudagraphs under DDP and flat, every function that a GPU captures
+recorded by tests/graph_capture.py (`captured_runs`).
 `batch` runs whole scripts unchanged (runpy, as `__main__`), one after another in the same ranks (`batch`), each
 in one of four modes. `observe` records from outside what every rank did: env seeds, env steps, sampled actions,
 RNG streams, optimizer steps, parameters before the first update, final parameters and optimizer state, the env
@@ -23,6 +23,7 @@ data. `plain` runs the script with nothing recorded.
 Each rank writes OUTDIR/rank{R}.pt and OUTDIR/exit{R} (batch) or OUTDIR/<script>_unit_rank{R}.json (unit).
 """
 
+import contextlib
 import copy
 import dataclasses
 import hashlib
@@ -352,9 +353,9 @@ def unit_script(script_path: str, rank: int, world_size: int) -> dict:
     # DQN: the target network is the start's online network (as in the script), fixed during these updates
     target_network = copy.deepcopy(agent0)
 
-    def run(grad_sync: str, distributed: bool, compiled: bool = False):
+    def run(grad_sync: str, distributed: bool):
         """`num_updates` updates the way the script makes them; returns (grads before clipping, final params)."""
-        loss_fn = torch.compile(mod.ppo_loss, backend=COMPILE_BACKEND) if compiled else getattr(mod, "ppo_loss", None)
+        loss_fn = getattr(mod, "ppo_loss", None)
         agent = copy.deepcopy(agent0)
         model = DDP(agent) if distributed and grad_sync == "ddp" else agent
         if spec.dqn:  # the script's optimizer: Adam with its default eps, no gradient clipping
@@ -411,8 +412,6 @@ def unit_script(script_path: str, rank: int, world_size: int) -> dict:
     out["ddp_vs_flat_update_rel_err"] = rel_err(finals["ddp"] - start, finals["flat"] - start)
     if spec.pqn:  # the updates whose (single-process) gradient was clipped to --max-grad-norm
         out["clipped_updates"] = sum(abs(float(g.norm()) / args.max_grad_norm - 1) < 1e-4 for g in ref_grads)
-    if hasattr(args, "compile") and not spec.dqn:  # --compile (the Atari PPO): its compiled loss against eager
-        out |= compiled_vs_eager(lambda *case: (None, dict(agent=run(*case)[1])), ("agent",))
     out["ddp_vs_flat_max_abs_diff"] = float((finals["ddp"] - finals["flat"]).abs().max())
 
     # --sync-check-every: in-sync replicas pass; one ulp of one parameter, or of Adam's state, on rank 1 is caught
@@ -450,8 +449,7 @@ def unit_sac(script_path: str, rank: int, world_size: int) -> dict:
     main() composes them: a critic update with the Polyak update of the target critics; after every
     `policy_frequency`-th one that many actor (and temperature) updates. The actor's Gaussian noise is a fixed
     table indexed by (actor call, sample id), the id carried in observation feature 0, so both sides draw the same
-    noise per sample. Then the same updates with the three losses compiled, as --compile compiles them, against
-    eager (`compiled_vs_eager`).
+    noise per sample.
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -480,7 +478,7 @@ def unit_sac(script_path: str, rank: int, world_size: int) -> dict:
         calls[0] += 1
         return noise_table[calls[0] - 1, ids].reshape(shape)
 
-    def run(grad_sync: str, distributed: bool, compiled: bool = False):
+    def run(grad_sync: str, distributed: bool):
         actor, qf = copy.deepcopy(actor0), copy.deepcopy(qf0)
         qf_target = copy.deepcopy(qf0)
         hook = actor.register_forward_pre_hook(stash_input)
@@ -495,12 +493,8 @@ def unit_sac(script_path: str, rank: int, world_size: int) -> dict:
         run_args = dataclasses.replace(args, grad_sync=grad_sync)
         grads = dict(qf=[], actor=[], log_alpha=[])
         losses = (mod.critic_loss, mod.policy_loss, mod.temperature_loss)
-        if compiled:  # as the script compiles them under --compile (backend: see COMPILE_BACKEND)
-            torch._dynamo.reset()
-            losses = tuple(torch.compile(f, backend=COMPILE_BACKEND) for f in losses)
-        else:  # each optimizer's (averaged) gradients, as its step sees them
-            for name, opt in (("qf", q_optimizer), ("actor", actor_optimizer), ("log_alpha", a_optimizer)):
-                opt.register_step_pre_hook(record_grads(grads[name]))
+        for name, opt in (("qf", q_optimizer), ("actor", actor_optimizer), ("log_alpha", a_optimizer)):
+            opt.register_step_pre_hook(record_grads(grads[name]))  # its (averaged) gradients, as its step sees them
         critic_grads_touched = False
         calls[0] = 0
         # the updates as main() builds them: the critics' stages and the target critics' Polyak update; the actor's
@@ -551,7 +545,6 @@ def unit_sac(script_path: str, rank: int, world_size: int) -> dict:
             )
     finally:
         torch.randn = real_randn
-    out |= compiled_vs_eager(run, ("qf", "actor", "log_alpha", "qf_target"))
     return out
 
 
@@ -561,8 +554,7 @@ def unit_td3(script_path: str, rank: int, world_size: int) -> dict:
     The script's own update stages (critic_stages, actor_stages), composed as its main() composes them: a critic
     update; after every `policy_frequency`-th one an actor update with the Polyak update of the target actor and
     critics. The target policy smoothing noise is a fixed table indexed by the transition's row in the global batch,
-    so both sides draw the same noise for the same transition. Then the same updates with the two losses compiled,
-    as --compile compiles them, against eager (`compiled_vs_eager`).
+    so both sides draw the same noise for the same transition.
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -585,7 +577,7 @@ def unit_td3(script_path: str, rank: int, world_size: int) -> dict:
         calls[0] += 1
         return noise_table[rows[0]].reshape(shape)
 
-    def run(grad_sync: str, distributed: bool, compiled: bool = False):
+    def run(grad_sync: str, distributed: bool):
         actor, qf = copy.deepcopy(actor0), copy.deepcopy(qf0)
         target_actor, qf_target = copy.deepcopy(actor0), copy.deepcopy(qf0)
         ddp = distributed and grad_sync == "ddp"
@@ -596,12 +588,8 @@ def unit_td3(script_path: str, rank: int, world_size: int) -> dict:
         ws, run_args = world_size if distributed else 1, dataclasses.replace(args, grad_sync=grad_sync)
         grads = dict(qf=[], actor=[])
         critic_loss, policy_loss = mod.critic_loss, mod.policy_loss
-        if compiled:  # as the script compiles them under --compile (backend: see COMPILE_BACKEND)
-            torch._dynamo.reset()
-            critic_loss, policy_loss = (torch.compile(f, backend=COMPILE_BACKEND) for f in (critic_loss, policy_loss))
-        else:  # each optimizer's (averaged) gradients, as its step sees them
-            for name, opt in (("qf", q_optimizer), ("actor", actor_optimizer)):
-                opt.register_step_pre_hook(record_grads(grads[name]))
+        for name, opt in (("qf", q_optimizer), ("actor", actor_optimizer)):
+            opt.register_step_pre_hook(record_grads(grads[name]))  # its (averaged) gradients, as its step sees them
         critic_grads_touched = False
         calls[0] = 0
         # the updates as main() builds them (graphs.Update, eager here as on every CPU)
@@ -651,7 +639,6 @@ def unit_td3(script_path: str, rank: int, world_size: int) -> dict:
             )
     finally:
         torch.randn = real_randn
-    out |= compiled_vs_eager(run, ("qf", "actor", "qf_target", "target_actor"))
     return out
 
 
@@ -664,26 +651,10 @@ def record_grads(into: list):
     return hook
 
 
-# torch.compile's backend in the --compile checks: "aot_eager" traces the losses as inductor does (Dynamo's graphs and
-# graph breaks, DDP's graph splitting, AOTAutograd's forward and backward) and runs the traced aten graphs; inductor's
-# code generation alone is left to benchmark/gpu_check.py: it takes minutes on the 2-core CI machine
-# (docs/correctness.md, `--compile`)
-COMPILE_BACKEND = "aot_eager"
-
-
-def compiled_vs_eager(run, names) -> dict:
-    """The script's updates with compiled losses against eager, on the same data and noise (torch's own stream, seeded
-    alike) at 2 ranks, DDP and flat: the largest relative difference of any final quantity, per case. The flat case
-    compiles the losses as world size 1 does (no DDP wrapper; its all-reduce is outside the compiled code)."""
-    out = {}
-    for grad_sync, distributed in (("ddp", True), ("flat", True)):
-        finals = []
-        for compiled in (False, True):
-            torch.manual_seed(7)
-            finals.append(run(grad_sync, distributed, compiled)[1])
-        out[f"compiled_vs_eager_{grad_sync}_2ranks_rel_err"] = max(rel_err(finals[1][k], finals[0][k]) for k in names)
-    return out
-
+# The --compile runs here trace each compiled function as inductor does (Dynamo's graphs and graph breaks, DDP's graph
+# splitting, AOTAutograd's forward and backward) and run the traced aten graphs, as torch's aot_eager backend does;
+# inductor's code generation alone is left to benchmark/gpu_check.py: it takes minutes on the 2-core CI machine
+# (docs/correctness.md, `--compile`).
 
 # A collective's op in an FX graph (c10d ops, Dynamo's functional collectives, their aten ops; not broadcast_tensors),
 # and the file of torch's DDP wrapper
@@ -703,7 +674,7 @@ def break_site(reason) -> str:
     return f"{innermost.filename}:{innermost.lineno}" if innermost else "?"
 
 
-def compiled_run(script_path: str, flags: list, store, prefix: str) -> dict:
+def compiled_run(script_path: str, flags: list) -> dict:
     """The real script's `main()` with `flags` and --compile, here (a rank of the `unit` launch, out of its own
     process group), each `torch.compile`d function traced by a recording backend instead of inductor: Dynamo's
     graphs, then AOTAutograd's forward and backward graphs of each (run as traced, like aot_eager). Returns per
@@ -712,11 +683,9 @@ def compiled_run(script_path: str, flags: list, store, prefix: str) -> dict:
     graph_break_reasons, DDPOptimizer's splits included); every optimizer's `fused`; the gradients: missing at the
     first compiled call, or with another storage or strides at any optimizer step; and every read of a compiled
     call's output (or of a tensor sharing its memory) after the next compiled call began, where CUDA graph trees
-    may have overwritten it. The script's process group meets in `store` under `prefix`, where no earlier group
-    left keys."""
+    may have overwritten it."""
     import traceback
 
-    import torch.distributed as dist
     from torch._dynamo.backends.common import aot_autograd
     from torch._dynamo.utils import graph_break_reasons
     from torch._functorch.aot_autograd import make_boxed_func
@@ -802,15 +771,10 @@ def compiled_run(script_path: str, flags: list, store, prefix: str) -> dict:
             elif p.grad.stride() != p.stride():
                 rec["grad_strides_differ"].append(where)
 
-    def init_process_group(*args, **kw):  # called by the script's rt.start
-        return dist_init(*args, store=dist.PrefixStore(prefix, store), **kw)
-
     mod = import_script(script_path)
     torch._dynamo.reset()  # also empties graph_break_reasons
-    real_compile, optimizer_init, dist_init = torch.compile, torch.optim.Optimizer.__init__, dist.init_process_group
-    torch.compile, torch.optim.Optimizer.__init__, dist.init_process_group = (
-        recording_compile, recording_optimizer_init, init_process_group
-    )  # fmt: skip
+    real_compile, optimizer_init = torch.compile, torch.optim.Optimizer.__init__
+    torch.compile, torch.optim.Optimizer.__init__ = recording_compile, recording_optimizer_init
     hook = register_optimizer_step_pre_hook(check_grads)
     sys.argv = [script_path, *map(str, flags), "--compile"]
     try:
@@ -820,9 +784,7 @@ def compiled_run(script_path: str, flags: list, store, prefix: str) -> dict:
         rec["error"] = traceback.format_exc()
     finally:
         hook.remove()
-        torch.compile, torch.optim.Optimizer.__init__, dist.init_process_group = real_compile, optimizer_init, dist_init
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        torch.compile, torch.optim.Optimizer.__init__ = real_compile, optimizer_init
     rec["graph_breaks"] = [(break_site(r), r.reason.splitlines()[0]) for r in graph_break_reasons]
     rec["fused"] = [bool(o.defaults.get("fused")) for o in optimizers]
     return rec
@@ -833,31 +795,41 @@ def captured_runs(outdir: Path, script_path: str, store, rank: int) -> None:
     with --grad-sync flat, each graphed function recorded by tests/graph_capture.py; each run writes its report
     (`{stem}_captured_{run}_rank{R}.json`) and its checkpoint (`runs-{stem}-captured-{run}/r`)."""
     import graph_capture
-    import torch.distributed as dist
 
     spec, stem = SCRIPTS[Path(script_path).name], Path(script_path).stem
-    dist_init = dist.init_process_group
     for run, grad_sync, graphed in (("eager", "ddp", False), ("ddp", "ddp", True), ("flat", "flat", True)):
         flags = [*spec.capture_flags, "--seed", 7, "--dist-timeout", 60, "--grad-sync", grad_sync, "--run-name", "r"]
         flags += ["--total-timesteps", 2 * spec.capture_timesteps, "--runs-dir", outdir / f"runs-{stem}-captured-{run}"]
-
-        def init_process_group(*args, run=run, **kw):  # called by the script's rt.start
-            return dist_init(*args, store=dist.PrefixStore(f"{stem}-captured-{run}/", store), **kw)
-
-        dist.init_process_group = init_process_group
-        try:
+        with own_group(store, f"{stem}-captured-{run}/"):
             if graphed:
                 out = graph_capture.graphed_run(script_path, flags)
             else:
                 out = dict(functions={}, error=graph_capture.run_main(script_path, [*flags, "--no-cudagraphs"]))
-        finally:
-            dist.init_process_group = dist_init
-            if dist.is_initialized():
-                dist.destroy_process_group()
         (outdir / f"{stem}_captured_{run}_rank{rank}.json").write_text(json.dumps(out, indent=1))
 
 
+@contextlib.contextmanager
+def own_group(store, prefix: str):
+    """The script run inside opens its process group (rt.start) in `store` under `prefix`, where no earlier group left
+    keys; the group is closed after it, also when the run failed."""
+    import torch.distributed as dist
+
+    dist_init = dist.init_process_group
+
+    def init_process_group(*args, **kw):
+        return dist_init(*args, store=dist.PrefixStore(prefix, store), **kw)
+
+    dist.init_process_group = init_process_group
+    try:
+        yield
+    finally:
+        dist.init_process_group = dist_init
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 def unit(outdir: Path, script_paths: list) -> None:
+    import graph_capture
     import torch.distributed as dist
 
     torch.set_num_threads(1)
@@ -869,12 +841,16 @@ def unit(outdir: Path, script_paths: list) -> None:
         (outdir / f"{Path(script_path).stem}_unit_rank{rank}.json").write_text(json.dumps(out, indent=1))
     store = dist.distributed_c10d._get_default_store()  # torchrun's store, for the process groups of the scripts
     dist.destroy_process_group()
-    for script_path in script_paths:  # the scripts with --compile: their real main(), DDP and flat
+    for script_path in script_paths:  # the scripts with --compile: their real main(), DDP and flat, then eager
         spec, stem = SCRIPTS[Path(script_path).name], Path(script_path).stem
         for grad_sync in ("ddp", "flat") if spec.compiled else ():
-            flags = [*spec.tiny, "--seed", 7, "--dist-timeout", 60, "--grad-sync", grad_sync]
-            flags += ["--total-timesteps", spec.compile_timesteps, "--runs-dir", outdir / f"runs-{stem}-{grad_sync}"]
-            out = compiled_run(script_path, flags, store, prefix=f"{stem}-{grad_sync}/")
+            flags = [*spec.tiny, "--seed", 7, "--dist-timeout", 60, "--grad-sync", grad_sync, "--run-name", "r"]
+            flags += ["--total-timesteps", spec.compile_timesteps]
+            with own_group(store, f"{stem}-{grad_sync}/"):
+                out = compiled_run(script_path, [*flags, "--runs-dir", outdir / f"runs-{stem}-{grad_sync}"])
+            with own_group(store, f"{stem}-{grad_sync}-eager/"):  # the same command without --compile
+                runs = outdir / f"runs-{stem}-{grad_sync}-eager"
+                out["eager_error"] = graph_capture.run_main(script_path, [*flags, "--runs-dir", runs])
             (outdir / f"{stem}_compiled_{grad_sync}_rank{rank}.json").write_text(json.dumps(out, indent=1))
         if "flat" in spec.captured:  # --cudagraphs: what it would capture, recorded; its runs against eager
             captured_runs(outdir, script_path, store, rank)
@@ -1177,8 +1153,6 @@ def batch(jobs_file: Path) -> None:
     its own (torchrun's store, under the run's index); every patch a run made is removed before the next, and each
     run writes its exit code to OUTDIR/exit{R}, what it printed to OUTDIR/output{R} and what it recorded to
     OUTDIR/rank{R}.pt."""
-    import contextlib
-
     import torch.distributed as dist
 
     rank, store, dist_init = int(os.environ.get("RANK", 0)), None, dist.init_process_group
