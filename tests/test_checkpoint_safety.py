@@ -32,6 +32,7 @@ from helpers import (
     free_port,
     launch,
     main_error,
+    main_output,
     only_run_dir,
     read_scalars,
     script_path,
@@ -338,9 +339,10 @@ def test_an_error_exit_still_closes_the_writer_and_wandb(tmp_path, clean_launch)
     assert read_scalars(tmp_path / "failing")["losses/x"] == [(10, 0.5)]
 
 
-def test_ctrl_c_to_a_two_rank_run_checkpoints_exits_75_and_resumes(tmp_path):
+def test_ctrl_c_to_a_two_rank_run_checkpoints_exits_75_and_resumes(tmp_path, monkeypatch, capsys):
     """SIGINT to the process group of a 2-rank job (what Ctrl-C in its terminal does): both ranks stop after the
-    same iteration with a checkpoint and exit 75; `--resume` (in one process) finishes the run."""
+    same iteration with a checkpoint and exit 75; `--resume` (on one rank, here: helpers.main_output) finishes the
+    run."""
     port, runs = free_port(), tmp_path / "runs"
     flags = ["--env-id", "CartPole-v1", "--local-num-envs", 2, "--num-steps", 16, "--num-minibatches", 2]
     flags += ["--update-epochs", 1, "--total-timesteps", 64 * 300, "--runs-dir", runs, "--checkpoint-every", 2]
@@ -368,7 +370,6 @@ def test_ctrl_c_to_a_two_rank_run_checkpoints_exits_75_and_resumes(tmp_path):
     run_dir = only_run_dir(runs)
     assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["global_step"] == stopped < 64 * 300
 
-    resumed = launch("ppo_multigpu.py", ["--resume", run_dir, "--total-timesteps", stopped + 64 * 2], nproc=0)
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    main_output(monkeypatch, capsys, "ppo_multigpu.py", "--resume", run_dir, "--total-timesteps", stopped + 64 * 2)
     final = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert final["global_step"] == stopped + 64 * 2 and json.loads((run_dir / rt.FLAGS_FILE).read_text())

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import launch, main_error, only_run_dir, read_scalars
+from helpers import launch, main_error, main_output, only_run_dir, read_scalars
 
 from cleanrl_ddp import evals
 from cleanrl_ddp.ppo_continuous_action_multigpu import (
@@ -107,16 +107,14 @@ def test_two_ranks_run_with_identical_statistics(inverted_pendulum_run):
     check_run(inverted_pendulum_run, world=2, iterations=iterations, env=env, obs_dim=4, batch=4 * 256, updates=8 * 10)
 
 
-def test_one_rank_runs_and_resume_restores_the_statistics(tmp_path):
+def test_one_rank_runs_and_resume_restores_the_statistics(tmp_path, monkeypatch, capsys):
+    """One rank, here (helpers.main_output): 2 iterations, then --resume to 4."""
     common = [*TINY, "--runs-dir", tmp_path]
-    proc = launch(SCRIPT, [*common, "--total-timesteps", 128], nproc=1, timeout=180)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    main_output(monkeypatch, capsys, SCRIPT, *common, "--total-timesteps", 128)
     run_dir = only_run_dir(tmp_path)
     first = check_run(run_dir, world=1, iterations=2)
-    # continue to 4 iterations, launched with plain python (world size 1 without a process group)
-    proc = launch(SCRIPT, [*common, "--total-timesteps", 256, "--resume", run_dir], nproc=0, timeout=180)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "resuming at iteration 3" in proc.stdout
+    resumed = main_output(monkeypatch, capsys, SCRIPT, *common, "--total-timesteps", 256, "--resume", run_dir)
+    assert "resuming at iteration 3" in resumed
     second = check_run(run_dir, world=1, iterations=4)  # 128 restored + 128 new, not 128 from scratch
     assert not torch.equal(first["obs_stats"]["m2"], second["obs_stats"]["m2"])
 

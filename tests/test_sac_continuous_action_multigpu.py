@@ -9,7 +9,7 @@ import re
 
 import pytest
 import torch
-from helpers import launch, main_error, only_run_dir, read_scalars
+from helpers import main_error, main_output, only_run_dir, read_scalars
 
 from cleanrl_ddp import evaluate
 from cleanrl_ddp.runtime import RunError
@@ -48,21 +48,20 @@ def test_bad_input_is_one_line(tmp_path, monkeypatch, flags, pattern):
     assert not any(tmp_path.iterdir())
 
 
-def test_learns_pendulum(tmp_path, capsys):
-    """One process x 2 envs, the default replay ratio (one update per iteration of 2 steps) of a global batch of 64
-    (CleanRL's 256 swings it up at the same step here, at 1.5x the CPU): the global sizes of 2 ranks x 1 env, whose
-    updates tests/test_distributed_correctness.py proves equal to this process's on the union of their batches (one
-    process costs half the CPU of two on this small network). The deterministic actor, evaluated every 500 steps,
-    swings the pendulum up (a random policy scores about -1,200) within 10k steps, and --target-return stops the run
-    there (6k on the 2-core machine); the evaluate command plays the checkpoint through the script's evaluation
-    interface."""
+def test_learns_pendulum(tmp_path, monkeypatch, capsys):
+    """One rank x 2 envs in this process (helpers.main_output), the default replay ratio (one update per iteration of 2
+    steps) of a global batch of 64 (CleanRL's 256 swings it up at the same step here, at 1.5x the CPU): the global sizes
+    of 2 ranks x 1 env, whose updates tests/test_distributed_correctness.py proves equal to this process's on the union
+    of their batches (one process costs half the CPU of two on this small network). The deterministic actor, evaluated
+    every 500 steps, swings the pendulum up (a random policy scores about -1,200) within 10k steps, and --target-return
+    stops the run there (6k on the 2-core machine); the evaluate command plays the checkpoint through the script's
+    evaluation interface."""
     flags = ["--env-id", "Pendulum-v1", "--total-timesteps", 10000, "--learning-starts", 1000, "--local-num-envs", 2]
     flags += ["--local-batch-size", 64, "--eval-every", 500, "--eval-episodes", 4, "--target-return", -400]
-    proc = launch(SCRIPT, [*flags, "--runs-dir", tmp_path], nproc=0, timeout=420)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = main_output(monkeypatch, capsys, SCRIPT, *flags, "--runs-dir", tmp_path)
     scalars = read_scalars(only_run_dir(tmp_path))
     *_, (step, evaluated) = scalars["eval/episodic_return"]
-    assert evaluated >= -400 and f"reached --target-return -400.0 at global step {step};" in proc.stdout, scalars
+    assert evaluated >= -400 and f"reached --target-return -400.0 at global step {step};" in out, scalars
     # the checkpoint, saved at the stop, is data only: it loads without unpickling any object
     ckpt = torch.load(only_run_dir(tmp_path) / "checkpoint.pt", weights_only=True)
     assert ckpt["global_step"] == step and ckpt["agent_kwargs"]["action_high"] == [2.0]
