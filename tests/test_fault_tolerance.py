@@ -439,37 +439,78 @@ def stop_when_checkpointed(script: Script, runs_dir: Path, proc, pids) -> None:
 
 @pytest.fixture(scope="module")
 def stopped_runs(tmp_path_factory):
-    """stopped_runs(script): (runs directory, output, each rank's exit code) of the SIGTERM run of a script other
-    than ppo_multigpu.py, SIGTERM sent to both ranks (as SLURM signals every task) once it had a checkpoint. The runs
-    of all of them share one 2-rank launch (`launch_batch`: one after another in the same ranks), started the first
-    time one is asked for; ppo_multigpu.py's SIGTERM goes to torchrun, which forwards it."""
+    """stopped_runs(script): (runs directory, output, exit codes) of the SIGTERM run of `script`, stopped once it had a
+    checkpoint. ppo_multigpu.py's SIGTERM goes to torchrun, which forwards it to every worker (the exit code is
+    torchrun's own); the other scripts' runs share one 2-rank launch (`launch_batch`: one after another in the same
+    ranks), the signal sent to both ranks as SLURM signals every task (the exit codes are the ranks'). Each is started
+    the first time it is asked for."""
     done = {}
 
-    def stopped_run(script: Script) -> tuple:
-        if not done:
-            scripts = [s.values[0] for s in SCRIPTS if s.values[0] is not PPO and not s.marks]
-            dirs = {s.name: tmp_path_factory.mktemp(f"stopped-{s.stem}") for s in scripts}
-            jobs = [batch_job(s.name, sigterm_run(s, dirs[s.name] / "runs"), dirs[s.name]) for s in scripts]
-            jobs_file = tmp_path_factory.mktemp("stopped") / "jobs.json"
-            proc = launch_batch(jobs, 2, jobs_file, 0, start_only=True)
-            try:
-                for s in scripts:
-                    stop_when_checkpointed(s, dirs[s.name] / "runs", proc, lambda: child_pids(proc.pid))
-                    stopped = dirs[s.name]
-                    wait_until(lambda d=stopped: None not in batch_exit_codes(d, 2), 120, proc, f"{s.stem} to stop")
-            finally:
-                result = finish(proc, 120)
-            assert result.returncode == 0, result.stdout + result.stderr
+    def stop_ppo() -> None:
+        runs_dir = tmp_path_factory.mktemp("stopped-ppo") / "runs"
+        proc = start(PPO.name, sigterm_run(PPO, runs_dir), nproc=2)
+        stop_when_checkpointed(PPO, runs_dir, proc, lambda: [proc.pid])
+        result = finish(proc, 120)
+        done[PPO.name] = runs_dir, result.stdout + result.stderr, [result.returncode]
+
+    def stop_the_others() -> None:
+        scripts = [s.values[0] for s in SCRIPTS if s.values[0] is not PPO and not s.marks]
+        dirs = {s.name: tmp_path_factory.mktemp(f"stopped-{s.stem}") for s in scripts}
+        jobs = [batch_job(s.name, sigterm_run(s, dirs[s.name] / "runs"), dirs[s.name]) for s in scripts]
+        jobs_file = tmp_path_factory.mktemp("stopped") / "jobs.json"
+        proc = launch_batch(jobs, 2, jobs_file, 0, start_only=True)
+        try:
             for s in scripts:
-                done[s.name] = dirs[s.name] / "runs", batch_output(dirs[s.name], 2), batch_exit_codes(dirs[s.name], 2)
+                stop_when_checkpointed(s, dirs[s.name] / "runs", proc, lambda: child_pids(proc.pid))
+                stopped = dirs[s.name]
+                wait_until(lambda d=stopped: None not in batch_exit_codes(d, 2), 120, proc, f"{s.stem} to stop")
+        finally:
+            result = finish(proc, 120)
+        assert result.returncode == 0, result.stdout + result.stderr
+        for s in scripts:
+            done[s.name] = dirs[s.name] / "runs", batch_output(dirs[s.name], 2), batch_exit_codes(dirs[s.name], 2)
+
+    def stopped_run(script: Script) -> tuple:
+        if script.name not in done:
+            stop_ppo() if script is PPO else stop_the_others()
         return done[script.name]
 
     return stopped_run
 
 
+@pytest.fixture(scope="module")
+def resumed_runs(tmp_path_factory, stopped_runs):
+    """resumed_runs(script): for an EXACT script, (the stopped run's directory, resumed on 2 ranks with `--resume` alone;
+    a copy of it as it was stopped; what the resume printed). The resumes of all EXACT scripts share one 2-rank launch
+    (`launch_batch`), started the first time one is asked for."""
+    done = {}
+
+    def resumed_run(script: Script) -> tuple:
+        if not done:
+            scripts = [s for s in EXACT if not s.needs or importlib.util.find_spec(s.needs)]
+            jobs = []
+            for s in scripts:
+                run_dir = only_run_dir(stopped_runs(s)[0])
+                stopped = tmp_path_factory.mktemp(f"as-stopped-{s.stem}") / run_dir.name
+                shutil.copytree(run_dir, stopped)
+                outdir = tmp_path_factory.mktemp(f"resumed-{s.stem}")
+                jobs.append(batch_job(s.name, ["--resume", run_dir], outdir))  # the other flags: the checkpoint's
+                done[s.name] = run_dir, stopped, outdir
+            jobs_file = tmp_path_factory.mktemp("resumed") / "jobs.json"
+            proc = launch_batch(jobs, 2, jobs_file, 120 * len(jobs))
+            for s in scripts:
+                run_dir, stopped, outdir = done[s.name]
+                output = batch_output(outdir, 2)
+                assert proc.returncode == 0 and batch_exit_codes(outdir, 2) == [0, 0], proc.stderr + output
+                done[s.name] = run_dir, stopped, output
+        return done[script.name]
+
+    return resumed_run
+
+
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_sigterm_then_resume_finishes_and_equals_the_uninterrupted_run(
-    tmp_path, monkeypatch, capsys, finished_runs, stopped_runs, script
+    tmp_path, monkeypatch, capsys, finished_runs, stopped_runs, resumed_runs, script
 ):
     """SIGTERM: every rank stops at the same iteration after a checkpoint (exit 75): sent to torchrun, which forwards
     it to every worker (ppo_multigpu.py), or to every rank as SLURM does (the others, `stopped_runs`). Where each rank's
@@ -481,22 +522,19 @@ def test_sigterm_then_resume_finishes_and_equals_the_uninterrupted_run(
     resume onto more ranks: the elastic test below), here in this process (helpers.main_output: as the plain-python
     command runs it). (W&B continuing the same run on resume: tests/test_runtime.py.)"""
     iterations, steps_per_iter = sigterm_iterations(script), 2 * script.local_steps
-    if script is PPO:
-        runs_dir = tmp_path / "runs"
-        proc = start(script.name, sigterm_run(script, runs_dir), nproc=2)
-        stop_when_checkpointed(script, runs_dir, proc, lambda: [proc.pid])  # torchrun forwards SIGTERM to every worker
-        result = finish(proc, 120)
-        output = result.stdout + result.stderr
-        assert result.returncode == 1, output  # torchrun's own code after a signal; the workers exit 75
-    else:
-        runs_dir, output, exit_codes = stopped_runs(script)
-        assert exit_codes == [75, 75], output
+    runs_dir, output, exit_codes = stopped_runs(script)
+    # torchrun's own code after a signal (its workers exit 75); the ranks' own codes
+    assert exit_codes == ([1] if script is PPO else [75, 75]), output
     lines = [line for line in output.splitlines() if line.startswith(f"{script.stem}: preempted")]
     assert len(lines) == 1, output
     stopped_step = int(re.search(r"at global step (\d+);", lines[0]).group(1))
     stopped_at = stopped_step // steps_per_iter
     run_dir = only_run_dir(runs_dir)
-    ckpt = load(run_dir / "checkpoint.pt")
+    if script in EXACT:  # the checkpoint as it was stopped: run_dir is resumed on 2 ranks below
+        run_dir, stopped, resumed = resumed_runs(script)
+    else:
+        stopped = run_dir
+    ckpt = load(stopped / "checkpoint.pt")
     assert ckpt["iteration"] == stopped_at < iterations
     assert ckpt["global_step"] == stopped_step == stopped_at * steps_per_iter
 
@@ -511,18 +549,13 @@ def test_sigterm_then_resume_finishes_and_equals_the_uninterrupted_run(
         return final
 
     if script in EXACT:
-        on_one = tmp_path / "on-1" / run_dir.name
-        shutil.copytree(run_dir, on_one)
-        # only --resume: the other flags (env, budget, sizes, ...) come from the checkpoint
-        resumed = launch(script.name, ["--resume", run_dir], nproc=2, timeout=180)
-        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-        final = assert_resumed(resumed.stdout, run_dir, 2)
+        final = assert_resumed(resumed, run_dir, 2)
         expected = load(finished_runs(script) / "checkpoint.pt")
         assert expected["global_step"] == final["global_step"]
         for key in ("agent", "q_network", "optimizer", "rng", "obs_stats", "return_stats"):
             if key in expected:
                 assert_same_bits(final[key], expected[key], key)
-        run_dir = on_one
+        run_dir = stopped
 
     # On one rank (a requeue onto fewer GPUs): the per-rank flags are derived again from the global sizes, so the
     # global envs and batch, the schedules and the global step continue.
