@@ -1,5 +1,6 @@
-"""dqn_atari_multigpu.py: the frame replay buffer against hand-built sequences, the schedules, runs at
-world sizes 1 and 2 (identical online and target networks on every rank), the broadcast stop, bad input."""
+"""dqn_atari_multigpu.py: the frame replay buffer against hand-built sequences, the schedules, a resume that refills
+the buffer, bad input. Its 2-rank runs: tests/test_distributed_correctness.py (identical online and target networks on
+every rank, updates and target syncs on the global step), tests/test_evaluation.py (the broadcast stop)."""
 
 import dataclasses
 from collections import deque
@@ -7,13 +8,12 @@ from collections import deque
 import numpy as np
 import pytest
 import torch
-from helpers import REPO, launch, main_error, main_output, only_run_dir, read_scalars
+from helpers import main_error, main_output, only_run_dir, read_scalars
 
 from cleanrl_ddp.atari import ale_game
 from cleanrl_ddp.dqn_atari_multigpu import Args, FrameReplayBuffer, derive_sizes, life_lost, linear_schedule, td_loss
 
 SCRIPT = "dqn_atari_multigpu.py"
-DUMP = REPO / "tests" / "rank_state_dump.py"  # the wrapper that saves each rank's networks as main() returns
 # 2 envs per rank; updates every 8 global steps after step 100, a target sync every 64 global steps
 TINY = ["--local-num-envs", "2", "--buffer-size", "400", "--learning-starts", "100", "--train-frequency", "8"]
 TINY += ["--target-network-frequency", "64", "--log-every", "32", "--exploration-fraction", "0.5"]
@@ -151,52 +151,6 @@ def test_derived_sizes():
         derive_sizes(dataclasses.replace(args, buffer_size=40), 2)
     fields = {f.name for f in dataclasses.fields(Args)}
     assert not fields & {"num_envs", "batch_size", "local_buffer_size", "num_iterations", "world_size"}
-
-
-def run_and_dump(tmp_path, nproc, args):
-    dump_dir = tmp_path / "dump"
-    dump_dir.mkdir()
-    runs = tmp_path / "runs"
-    proc = launch(
-        SCRIPT,
-        [*TINY, "--runs-dir", runs, *args],
-        nproc=nproc,
-        timeout=240,
-        env={"RANK_STATE_DUMP_DIR": str(dump_dir)},
-        wrapper=[DUMP],
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    dumps = [torch.load(dump_dir / f"rank{r}.pt") for r in range(nproc)]
-    run_dir = only_run_dir(runs)
-    return proc, dumps, run_dir, read_scalars(run_dir), torch.load(run_dir / "checkpoint.pt", weights_only=True)
-
-
-def assert_same_weights(a: dict, b: dict):
-    assert a.keys() == b.keys()
-    for key in a:
-        assert torch.equal(a[key], b[key]), key
-
-
-def test_training_updates_and_keeps_every_rank_identical(tmp_path):
-    # 2 ranks: the first evaluation (step 128, return >= -1000 always) stops every rank through the broadcast, long
-    # before --total-timesteps (one rank's run to its end: the resume test below)
-    nproc, args = 2, ["--total-timesteps", 100000, "--eval-every", 128, "--eval-episodes", 1, "--eval-epsilon", 1.0]
-    args += ["--target-return", -1000, "--sync-check-every", 64]
-    proc, dumps, run_dir, scalars, ckpt = run_and_dump(tmp_path, nproc, args)
-    # updates at global steps 104, 112, 120, 128 (after --learning-starts 100); target sync at 128
-    assert scalars["charts/updates"][-1] == (128, 4.0)
-    assert scalars["charts/target_updates"][-1] == (128, 1.0)
-    assert all(np.isfinite(v) for _, v in scalars["losses/td_loss"])
-    for d in dumps:
-        assert d["rank"] in range(nproc) and d["global_step"] == 128  # every rank ends at the same step
-        assert_same_weights(d["q_network"], dumps[0]["q_network"])  # online networks identical
-        assert_same_weights(d["target_network"], dumps[0]["target_network"])  # target networks identical
-        assert_same_weights(d["target_network"], d["q_network"])  # the last sync copied the last update
-    assert ckpt["global_step"] == 128 and ckpt["num_updates"] == 4
-    assert ckpt["rank_state"] == [None] * nproc  # ALE's vector env cannot be pickled: resumes reseed it
-    assert_same_weights(ckpt["q_network"], dumps[0]["q_network"])
-    assert [s for s, _ in scalars["eval/episodic_return"]] == [128]
-    assert "reached --target-return -1000.0 at global step 128" in proc.stdout
 
 
 def test_resume_refills_the_buffer_then_continues(tmp_path, monkeypatch, capsys):

@@ -480,9 +480,9 @@ def stopped_runs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def resumed_runs(tmp_path_factory, stopped_runs):
-    """resumed_runs(script): for an EXACT script, (the stopped run's directory, resumed on 2 ranks with `--resume` alone;
-    a copy of it as it was stopped; what the resume printed). The resumes of all EXACT scripts share one 2-rank launch
-    (`launch_batch`), started the first time one is asked for."""
+    """resumed_runs(script): for an EXACT script, (the stopped run's directory, resumed on 2 ranks with `--resume`
+    alone; a copy of it as it was stopped; what the resume printed). The resumes of all EXACT scripts share one 2-rank
+    launch (`launch_batch`), started the first time one is asked for."""
     done = {}
 
     def resumed_run(script: Script) -> tuple:
@@ -537,6 +537,8 @@ def test_sigterm_then_resume_finishes_and_equals_the_uninterrupted_run(
     ckpt = load(stopped / "checkpoint.pt")
     assert ckpt["iteration"] == stopped_at < iterations
     assert ckpt["global_step"] == stopped_step == stopped_at * steps_per_iter
+    if script in (ATARI, ASYNC, DQN, PQN_ATARI):  # ALE's vector env cannot be pickled: a resume reseeds it
+        assert ckpt["rank_state"] == [None, None]
 
     def assert_resumed(stdout: str, run_dir: Path, world_size: int) -> dict:
         """The resume at `world_size` went on from the checkpoint to exactly the requested step."""
