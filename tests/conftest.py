@@ -17,25 +17,26 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # longest first: by each file's seconds on its worker in a whole run on the 2-core machine (2026-11-27, four
 # workers)
 FIRST = (
-    "test_fault_tolerance.py",  # 532 s
-    "test_distributed_correctness.py",  # 408
-    "test_slurm.py",  # 306, mostly waiting
-    "test_gpu_check.py",  # 269
-    "test_evaluation.py",  # 178
-    "test_benchmark_throughput.py",  # 152
-    "test_td3_continuous_action_multigpu.py",  # 152
-    "test_sac_continuous_action_multigpu.py",  # 126
-    "test_ppo_continuous_action_multigpu.py",  # 120
-    "test_ppo_multigpu.py",  # 85
-    "test_benchmark_harness.py",  # 61
-    "test_cudagraphs.py",  # 55
-    "test_run_in_calls.py",  # 53
-    "test_host_syncs.py",  # 46
-    "test_ppo_atari_multigpu.py",  # 44
-    "test_ppo_atari_async_multigpu.py",  # 40
-    "test_checkpoint_safety.py",  # 36
-    "test_dqn_atari_multigpu.py",  # 35
-    "test_runtime.py",  # 15
+    "test_fault_tolerance.py",  # 539 s
+    "test_distributed_correctness.py",  # 435
+    "test_slurm.py",  # 330, mostly waiting
+    "test_gpu_check.py",  # 349
+    "test_td3_continuous_action_multigpu.py",  # 180
+    "test_evaluation.py",  # 150
+    "test_benchmark_throughput.py",  # 126
+    "test_ppo_continuous_action_multigpu.py",  # 88
+    "test_benchmark_harness.py",  # 80
+    "test_run_in_calls.py",  # 78
+    "test_ppo_multigpu.py",  # 74
+    "test_sac_continuous_action_multigpu.py",  # 72
+    "test_cudagraphs.py",  # 66
+    "test_host_syncs.py",  # 49
+    "test_checkpoint_safety.py",  # 20
+    "test_runtime.py",  # 16
+    "test_ppo_atari_multigpu.py",  # 12
+    "test_bad_inputs.py",  # 12
+    "test_dqn_atari_multigpu.py",  # 8
+    "test_ppo_atari_async_multigpu.py",  # 7
 )
 
 

@@ -16,7 +16,6 @@ from benchmark.throughput import (
     best_settings,
     ceiling_shares,
     cudagraphs_flag,
-    env_ceiling,
     env_settings,
     main,
     parse_variant,
@@ -41,10 +40,6 @@ def test_variants_are_name_and_flags():
     assert parse_variant("default=") == ("default", [])
     with pytest.raises(argparse.ArgumentTypeError):
         parse_variant("--precision bf16")
-
-
-def test_env_ceiling_steps_the_scripts_own_env():
-    assert env_ceiling("cleanrl_ddp/ppo_atari_multigpu.py", "breakout", 1, 2, 20) > 0
 
 
 def test_time_shares_read_the_perf_scalars_after_warmup():

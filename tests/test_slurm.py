@@ -232,14 +232,13 @@ def srun(cluster, *options, env=None, timeout=120) -> subprocess.CompletedProces
     [
         (["--ntasks=2", "--cpu-bind=none"], {}, "{half} thread(s) per rank ({cores} core(s) / 2 rank(s))"),
         (["--ntasks=2", "--ntasks-per-node=2"], {}, "1 thread(s) per rank (srun bound it to 1 core(s))"),
-        (["--ntasks=2"], {"OMP_NUM_THREADS": "3"}, "3 thread(s) per rank (OMP_NUM_THREADS)"),
     ],
-    ids=["plain", "ntasks-per-node-bound", "omp-num-threads"],
+    ids=["plain", "ntasks-per-node-bound"],
 )
 def test_srun_two_tasks_know_their_node_and_threads(cluster, options, env, threads):
     """Plain `srun --ntasks=2` sets no SLURM_NTASKS_PER_NODE: the ranks still count 2 on the node and share its
-    cores; a task that srun bound (task/affinity, its default here: one core per task) takes its own cores;
-    OMP_NUM_THREADS wins."""
+    cores; a task that srun bound (task/affinity, its default here: one core per task) takes its own cores. (A
+    user's OMP_NUM_THREADS, which srun passes on, wins over both: tests/test_runtime.py's test_threads_per_rank.)"""
     cores = int(cluster.run("sinfo", "-h", "-o", "%c").strip())
     result = srun(cluster, *options, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
