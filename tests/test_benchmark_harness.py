@@ -78,24 +78,25 @@ def test_final_return_is_the_mean_of_the_last_episodes():
 def test_harness_writes_a_slurm_array_whose_tasks_finish_like_local_runs(tmp_path):
     """--slurm writes an array job instead of running; its task i runs the i-th run through the harness, so that
     a finished task leaves harness.json as a local run does (the report calls only such runs finished). Task 0 is
-    run here as SLURM runs it: the script under bash with SLURM_ARRAY_TASK_ID set, from the repository root."""
+    run here as SLURM runs it: the script under bash with SLURM_ARRAY_TASK_ID set, from the repository root (the grid's
+    first run, at world size 1: a 2-rank run goes through torchrun alike, test_harness_runs_skips_and_reports)."""
     sbatch, runs = tmp_path / "array.sbatch", tmp_path / "runs"
     args = ["run", "--script", "cleanrl_ddp/ppo_multigpu.py", "--env-ids", "CartPole-v1", "Acrobot-v1"]
-    args += ["--seeds", "1", "2", "3", "--world-sizes", "2", "--runs-dir", str(runs), "--slurm", str(sbatch)]
+    args += ["--seeds", "1", "2", "3", "--world-sizes", "1", "2", "--runs-dir", str(runs), "--slurm", str(sbatch)]
     tiny = ["--local-num-envs", "1", "--num-steps", "32", "--total-timesteps", "128"]
     assert harness.main([*args, "--", *tiny]) == 0
     text = sbatch.read_text()
-    assert "#SBATCH --array=0-5" in text
-    assert text.count("python -m benchmark.harness run --script cleanrl_ddp/ppo_multigpu.py") == 6
+    assert "#SBATCH --array=0-11" in text and "#SBATCH --gpus-per-task=2" in text  # room for the largest run
+    assert text.count("python -m benchmark.harness run --script cleanrl_ddp/ppo_multigpu.py") == 12
     assert "--env-ids Acrobot-v1 --seeds 3 --world-sizes 2" in text
-    first = runs / "CartPole-v1__ppo_multigpu__ws2__seed1"
+    first = runs / "CartPole-v1__ppo_multigpu__ws1__seed1"
     assert not first.exists()  # nothing ran
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"  # `python` is this one
     env = dict(os.environ, SLURM_ARRAY_TASK_ID="0", PATH=path)
     task = subprocess.run(["bash", str(sbatch)], cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert task.returncode == 0, task.stdout + task.stderr
     record = json.loads((first / harness.DONE_FILE).read_text())
-    assert (record["env_id"], record["seed"], record["world_size"]) == ("CartPole-v1", 1, 2)
+    assert (record["env_id"], record["seed"], record["world_size"]) == ("CartPole-v1", 1, 1)
     assert "step 128/128" in (runs / f"{first.name}.log").read_text()
     assert sorted(p.name for p in runs.iterdir() if p.is_dir()) == [first.name]  # task 0 ran run 0 only
 

@@ -16,7 +16,6 @@ from helpers import (
     batch_job,
     batch_output,
     event_files,
-    launch,
     launch_batch,
     main_error,
     main_output,
@@ -78,17 +77,48 @@ def tensorboard_images(run_dir, tag: str) -> list[int]:
     return sorted(steps)
 
 
-def test_eval_video_wandb_and_evaluate_command(tmp_path):
-    """One 2-rank CartPole job: rank-0 evaluation and video, one W&B run with the resolved config; the
-    evaluate command on its checkpoint (a resumed job continuing the same W&B run: tests/test_runtime.py)."""
-    runs, wandb_dir = tmp_path / "runs", tmp_path / "wandb"
+# script: (flags, the global step of the first evaluation), runs that --target-return 0 stops there (every return
+# is >= 0); ppo_multigpu.py's stop: its CartPole learning test
+STOP_RUNS = {
+    "ppo_atari_multigpu.py": ([*ATARI_TINY, "--total-timesteps", 640, "--eval-every", 64], 64),
+    "dqn_atari_multigpu.py": ([*DQN_TINY, "--total-timesteps", 100000, "--eval-every", 64], 64),
+    "ppo_continuous_action_multigpu.py": ([*CONTINUOUS_TINY, "--total-timesteps", 512, "--eval-every", 128], 128),
+}
+VIDEO = {"ppo_atari_multigpu.py": ["--eval-episodes", 1, "--capture-video"]}
+VIDEO["dqn_atari_multigpu.py"] = VIDEO["ppo_atari_multigpu.py"]
+# CartPole with video and W&B: 4 iterations of 128 global steps, one evaluation, at step 512
+WANDB_RUN = "ppo_multigpu.py"
+WANDB_FLAGS = [*TINY, "--total-timesteps", 512, "--eval-every", 512, "--eval-episodes", 2, "--capture-video", "--track"]
+
+
+@pytest.fixture(scope="module")
+def two_rank_runs(tmp_path_factory):
+    """The STOP_RUNS and the W&B run on 2 ranks, launched together (helpers.launch_batch: one after another in the
+    same two ranks, as their own launches would run them; W&B's last, as it patches TensorBoard's writer for the
+    rest of the process): script -> (its runs directory, what its ranks printed, their exit codes). W&B writes its
+    offline runs to the folder `wandb` beside the runs directory."""
+    scripts = [s for s in STOP_RUNS if "continuous" not in s or importlib.util.find_spec("mujoco")]
+    outdirs = {s: tmp_path_factory.mktemp(f"two-ranks-{s[:-3]}") for s in [*scripts, WANDB_RUN]}
+    jobs = []
+    for script in scripts:
+        flags, _ = STOP_RUNS[script]
+        args = [*flags, *VIDEO.get(script, ["--eval-episodes", 2]), "--target-return", 0]
+        jobs.append(batch_job(script, [*args, "--runs-dir", outdirs[script] / "runs"], outdirs[script]))
+    jobs.append(batch_job(WANDB_RUN, [*WANDB_FLAGS, "--runs-dir", outdirs[WANDB_RUN] / "runs"], outdirs[WANDB_RUN]))
+    wandb_dir = outdirs[WANDB_RUN] / "wandb"
     wandb_dir.mkdir()
-    env = {"WANDB_DIR": str(wandb_dir)}
-    # 4 iterations of 128 global steps; one evaluation, at step 512
-    args = [*TINY, "--runs-dir", runs, "--total-timesteps", 512, "--eval-every", 512, "--eval-episodes", 2]
-    proc = launch("ppo_multigpu.py", [*args, "--capture-video", "--track"], nproc=2, timeout=240, env=env)
+    jobs_file = tmp_path_factory.mktemp("two-ranks") / "jobs.json"
+    proc = launch_batch(jobs, 2, jobs_file, timeout=240 * len(jobs), env={"WANDB_DIR": str(wandb_dir)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    run_dir = only_run_dir(runs)
+    return {s: (o / "runs", batch_output(o, 2), batch_exit_codes(o, 2)) for s, o in outdirs.items()}
+
+
+def test_eval_video_wandb_and_evaluate_command(tmp_path, two_rank_runs):
+    """A 2-rank CartPole job (`two_rank_runs`): rank-0 evaluation and video, one W&B run with the resolved config;
+    the evaluate command on its checkpoint (a resumed job continuing the same W&B run: tests/test_runtime.py)."""
+    runs, output, exit_codes = two_rank_runs[WANDB_RUN]
+    assert exit_codes == [0, 0], output
+    run_dir, wandb_dir = only_run_dir(runs), runs.parent / "wandb"
 
     # rank 0 alone logs (one event file) and records (one video, of the one evaluation)
     assert len(event_files(run_dir)) == 1
@@ -120,42 +150,14 @@ def test_eval_video_wandb_and_evaluate_command(tmp_path):
         evaluate_main([str(run_dir), "--episodes", "1", "--capture-video", "--out-dir", str(out_dir)])
 
 
-# script: (flags, the global step of the first evaluation), runs that --target-return 0 stops there (every return
-# is >= 0); ppo_multigpu.py's stop: its CartPole learning test
-STOP_RUNS = {
-    "ppo_atari_multigpu.py": ([*ATARI_TINY, "--total-timesteps", 640, "--eval-every", 64], 64),
-    "dqn_atari_multigpu.py": ([*DQN_TINY, "--total-timesteps", 100000, "--eval-every", 64], 64),
-    "ppo_continuous_action_multigpu.py": ([*CONTINUOUS_TINY, "--total-timesteps", 512, "--eval-every", 128], 128),
-}
-VIDEO = {"ppo_atari_multigpu.py": ["--eval-episodes", 1, "--capture-video"]}
-VIDEO["dqn_atari_multigpu.py"] = VIDEO["ppo_atari_multigpu.py"]
-
-
-@pytest.fixture(scope="module")
-def stop_runs(tmp_path_factory):
-    """The STOP_RUNS on 2 ranks, launched together (helpers.launch_batch: one after another in the same two ranks,
-    as their own launches would run them): script -> (its runs directory, what its ranks printed, their exit
-    codes)."""
-    scripts = [s for s in STOP_RUNS if "continuous" not in s or importlib.util.find_spec("mujoco")]
-    outdirs = {s: tmp_path_factory.mktemp(f"stop-{s[:-3]}") for s in scripts}
-    jobs = []
-    for script in scripts:
-        flags, _ = STOP_RUNS[script]
-        args = [*flags, *VIDEO.get(script, ["--eval-episodes", 2]), "--target-return", 0]
-        jobs.append(batch_job(script, [*args, "--runs-dir", outdirs[script] / "runs"], outdirs[script]))
-    proc = launch_batch(jobs, 2, tmp_path_factory.mktemp("stop") / "jobs.json", timeout=240 * len(jobs))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return {s: (o / "runs", batch_output(o, 2), batch_exit_codes(o, 2)) for s, o in outdirs.items()}
-
-
 @pytest.mark.parametrize("script", [s for s in STOP_RUNS if "continuous" not in s])
-def test_target_return_stops_every_rank_at_the_same_iteration(tmp_path, capsys, stop_runs, script):
+def test_target_return_stops_every_rank_at_the_same_iteration(tmp_path, capsys, two_rank_runs, script):
     """Every return is >= 0: the first evaluation stops the 2-rank Atari job, with a final checkpoint. The run
     records it (frames written by hand: ALE's vector env cannot render), and the evaluate command plays the
     checkpoint and records a video of its own (CartPole's video: the first test; ppo_multigpu.py's stop at a
     target return: tests/test_ppo_multigpu.py's learning test)."""
     _, step = STOP_RUNS[script]
-    runs_dir, output, exit_codes = stop_runs[script]
+    runs_dir, output, exit_codes = two_rank_runs[script]
     assert exit_codes == [0, 0], output  # both ranks stopped, and alike
     assert f"reached --target-return 0.0 at global step {step};" in output
     run_dir = only_run_dir(runs_dir)
@@ -226,9 +228,9 @@ def test_atari_evaluation_keeps_training_streams_and_records_the_game(tmp_path, 
     assert video["path"] == str(tmp_path / "videos/game.mp4") and (tmp_path / "videos/game.mp4").stat().st_size > 1000
 
 
-def test_continuous_target_return_and_evaluate_with_normalisation(stop_runs, capsys):
+def test_continuous_target_return_and_evaluate_with_normalisation(two_rank_runs, capsys):
     pytest.importorskip("mujoco")
-    runs_dir, output, exit_codes = stop_runs["ppo_continuous_action_multigpu.py"]
+    runs_dir, output, exit_codes = two_rank_runs["ppo_continuous_action_multigpu.py"]
     assert exit_codes == [0, 0], output
     assert "reached --target-return 0.0 at global step 128;" in output
     run_dir = only_run_dir(runs_dir)

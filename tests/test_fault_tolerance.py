@@ -220,32 +220,6 @@ def assert_steps_complete(run_dir, iterations, script: Script, nproc=2):
         assert lr == pytest.approx(expected, rel=1e-5), (step, lr)
 
 
-@pytest.fixture(scope="module")
-def finished_runs(tmp_path_factory):
-    """finished_runs(script): the run directory of a finished 2-rank run of an EXACT script: the SIGTERM test's run
-    without the stop (`sigterm_iterations`), and the source of the bad checkpoints below. The runs of all EXACT
-    scripts are launched together the first time one is asked for (`launch_batch`: one after another in the same
-    two ranks)."""
-    done = {}
-
-    def finished_run(script: Script) -> Path:
-        if not done:
-            scripts = [s for s in EXACT if not s.needs or importlib.util.find_spec(s.needs)]
-            runs = {s.name: tmp_path_factory.mktemp(f"finished-{s.stem}") for s in scripts}
-            args = {
-                s.name: s.args(sigterm_iterations(s), runs[s.name] / "runs", "--checkpoint-every", 0) for s in scripts
-            }
-            jobs = [batch_job(s.name, args[s.name], runs[s.name]) for s in scripts]
-            proc = launch_batch(jobs, 2, tmp_path_factory.mktemp("finished") / "jobs.json", timeout=120 * len(jobs))
-            for s in scripts:
-                output = batch_output(runs[s.name], 2)
-                assert proc.returncode == 0 and batch_exit_codes(runs[s.name], 2) == [0, 0], proc.stderr + output
-                done[s.name] = only_run_dir(runs[s.name] / "runs")
-        return done[script.name]
-
-    return finished_run
-
-
 def snapshot(directory: Path) -> dict:
     """Every file under `directory`: name -> (size, modification time in ns)."""
     return {str(p.relative_to(directory)): (p.stat().st_size, p.stat().st_mtime_ns) for p in directory.rglob("*")}
@@ -481,36 +455,49 @@ def stopped_runs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def resumed_runs(tmp_path_factory, stopped_runs):
     """resumed_runs(script): for an EXACT script, (the stopped run's directory, resumed on 2 ranks with `--resume`
-    alone; a copy of it as it was stopped; what the resume printed). The resumes of all EXACT scripts share one 2-rank
-    launch (`launch_batch`), started the first time one is asked for."""
+    alone; a copy of it as it was stopped; what the resume printed; the run directory of the same 2-rank run without
+    the stop, finished). The resumes and the uninterrupted runs of all EXACT scripts share one 2-rank launch
+    (`launch_batch`: one after another in the same two ranks), started the first time one is asked for."""
     done = {}
 
     def resumed_run(script: Script) -> tuple:
         if not done:
             scripts = [s for s in EXACT if not s.needs or importlib.util.find_spec(s.needs)]
-            jobs = []
+            jobs, runs = [], {}
             for s in scripts:
+                finished = tmp_path_factory.mktemp(f"finished-{s.stem}")
+                args = s.args(sigterm_iterations(s), finished / "runs", "--checkpoint-every", 0)
+                jobs.append(batch_job(s.name, args, finished))
                 run_dir = only_run_dir(stopped_runs(s)[0])
                 stopped = tmp_path_factory.mktemp(f"as-stopped-{s.stem}") / run_dir.name
                 shutil.copytree(run_dir, stopped)
-                outdir = tmp_path_factory.mktemp(f"resumed-{s.stem}")
-                jobs.append(batch_job(s.name, ["--resume", run_dir], outdir))  # the other flags: the checkpoint's
-                done[s.name] = run_dir, stopped, outdir
+                resumed = tmp_path_factory.mktemp(f"resumed-{s.stem}")
+                jobs.append(batch_job(s.name, ["--resume", run_dir], resumed))  # the other flags: the checkpoint's
+                runs[s.name] = run_dir, stopped, resumed, finished
             jobs_file = tmp_path_factory.mktemp("resumed") / "jobs.json"
             proc = launch_batch(jobs, 2, jobs_file, 120 * len(jobs))
             for s in scripts:
-                run_dir, stopped, outdir = done[s.name]
-                output = batch_output(outdir, 2)
-                assert proc.returncode == 0 and batch_exit_codes(outdir, 2) == [0, 0], proc.stderr + output
-                done[s.name] = run_dir, stopped, output
+                run_dir, stopped, resumed, finished = runs[s.name]
+                for outdir in (resumed, finished):
+                    output = batch_output(outdir, 2)
+                    assert proc.returncode == 0 and batch_exit_codes(outdir, 2) == [0, 0], proc.stderr + output
+                done[s.name] = run_dir, stopped, batch_output(resumed, 2), only_run_dir(finished / "runs")
         return done[script.name]
 
     return resumed_run
 
 
+@pytest.fixture(scope="module")
+def finished_runs(resumed_runs):
+    """finished_runs(script): the run directory of a finished 2-rank run of an EXACT script: the SIGTERM test's run
+    without the stop (`sigterm_iterations`), launched with the resumes (`resumed_runs`), and the source of the bad
+    checkpoints below."""
+    return lambda script: resumed_runs(script)[3]
+
+
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_sigterm_then_resume_finishes_and_equals_the_uninterrupted_run(
-    tmp_path, monkeypatch, capsys, finished_runs, stopped_runs, resumed_runs, script
+    tmp_path, monkeypatch, capsys, stopped_runs, resumed_runs, script
 ):
     """SIGTERM: every rank stops at the same iteration after a checkpoint (exit 75): sent to torchrun, which forwards
     it to every worker (ppo_multigpu.py), or to every rank as SLURM does (the others, `stopped_runs`). Where each rank's
@@ -531,7 +518,7 @@ def test_sigterm_then_resume_finishes_and_equals_the_uninterrupted_run(
     stopped_at = stopped_step // steps_per_iter
     run_dir = only_run_dir(runs_dir)
     if script in EXACT:  # the checkpoint as it was stopped: run_dir is resumed on 2 ranks below
-        run_dir, stopped, resumed = resumed_runs(script)
+        run_dir, stopped, resumed, finished = resumed_runs(script)
     else:
         stopped = run_dir
     ckpt = load(stopped / "checkpoint.pt")
@@ -552,7 +539,7 @@ def test_sigterm_then_resume_finishes_and_equals_the_uninterrupted_run(
 
     if script in EXACT:
         final = assert_resumed(resumed, run_dir, 2)
-        expected = load(finished_runs(script) / "checkpoint.pt")
+        expected = load(finished / "checkpoint.pt")
         assert expected["global_step"] == final["global_step"]
         for key in ("agent", "q_network", "optimizer", "rng", "obs_stats", "return_stats"):
             if key in expected:
@@ -620,6 +607,9 @@ def corrupt(kind: str, source: Path, target: Path, script: Script) -> str:
     ],
 )
 def test_bad_checkpoint_is_one_line_and_left_untouched(tmp_path, monkeypatch, finished_runs, script, kind, pattern):
+    """In this process (helpers.main_error). Rank 0 loads the checkpoint and every rank learns its refusal in the same
+    broadcast (runtime.load_run) as a live run's lease refusal, which the SIGKILL test's second launch shows at 2
+    ranks."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     ckpt = run_dir / "checkpoint.pt"
@@ -627,12 +617,8 @@ def test_bad_checkpoint_is_one_line_and_left_untouched(tmp_path, monkeypatch, fi
     before = sha256(ckpt)
     resume = tmp_path / "nowhere" if kind == "missing" else run_dir
     more = sigterm_iterations(script) + 3  # than the finished run: a resume that would train on
-    if kind == "truncated":  # one as a 2-rank command: the error travels from rank 0 to rank 1
-        args = script.args(more, tmp_path / "runs", "--resume", resume, env_id=env_id)
-        assert_one_line_error(launch(script.name, args, nproc=2, timeout=120), pattern, script.name)
-    else:  # the others in this process (helpers.main_error)
-        args = script.args(more, tmp_path / "runs", "--resume", resume, nproc=0, env_id=env_id)
-        assert re.search(pattern, main_error(monkeypatch, script.name, *args))
+    args = script.args(more, tmp_path / "runs", "--resume", resume, nproc=0, env_id=env_id)
+    assert re.search(pattern, main_error(monkeypatch, script.name, *args))
     assert sha256(ckpt) == before and sorted(os.listdir(run_dir)) == ["checkpoint.pt"]
 
 

@@ -30,7 +30,7 @@ INSTALL = "apt-get install -y slurm-wlm munge"
 DAEMONS = ("munged", "slurmctld", "slurmd")
 REQUEUE_SBATCH = REPO / "benchmark" / "slurm" / "requeue.sbatch"
 # requeue.sbatch's resource lines, overridden for one host with 2 cores (sbatch options win over #SBATCH lines)
-ONE_HOST = ("--nodes=1", "--ntasks-per-node=2", "--gpus-per-task=0", "--cpus-per-task=1")
+ONE_HOST = ("--nodes=1", "--gpus-per-task=0", "--cpus-per-task=1")  # and --ntasks-per-node
 
 
 class Cluster:
@@ -255,12 +255,13 @@ def wait_for_checkpoint(cluster: Cluster, job_id: int, log: Path, runs: Path) ->
     assert first_checkpoint(runs), f"job {job_id} ended before its first checkpoint: {job}\n{text}"
 
 
-def submit_requeue(cluster, tmp_path, iterations: int, *options) -> tuple[int, Path, Path]:
-    """benchmark/slurm/requeue.sbatch, its resource lines overridden for this host, on a tiny ppo_multigpu run
-    that checkpoints every iteration; returns the job id, its log and its runs directory."""
+def submit_requeue(cluster, tmp_path, iterations: int, *options, tasks=2) -> tuple[int, Path, Path]:
+    """benchmark/slurm/requeue.sbatch, its resource lines overridden for this host, on a tiny ppo_multigpu run of
+    `tasks` ranks that checkpoints every iteration; returns the job id, its log and its runs directory."""
     log, runs = tmp_path / "slurm.log", tmp_path / "runs"
-    flags = PPO.args(iterations, runs, "--checkpoint-every", 1, nproc=2)
-    job_id = cluster.sbatch(*ONE_HOST, f"--output={log}", *options, REQUEUE_SBATCH, *flags)
+    flags = PPO.args(iterations, runs, "--checkpoint-every", 1, nproc=tasks)
+    options = (*ONE_HOST, f"--ntasks-per-node={tasks}", f"--output={log}", *options)
+    job_id = cluster.sbatch(*options, REQUEUE_SBATCH, *flags)
     return job_id, log, runs
 
 
@@ -343,8 +344,9 @@ def test_requeue_sbatch_saves_before_its_time_limit_and_resumes_after_the_requeu
 
 def test_scancel_signal_usr1_full_saves_and_requeues(cluster, tmp_path):
     """`scancel --signal=USR1 --full` signals the batch shell too: its trap passes the signal on, the tasks save and
-    exit 75, and the job is requeued (before, the shell died of SIGUSR1 and the job ended FAILED)."""
-    job_id, log, runs = submit_requeue(cluster, tmp_path, 10_000)
+    exit 75, and the job is requeued (untrapped, SIGUSR1 would kill the shell and the job end FAILED). One task: the
+    signal's path is the same for every task, and the other tests' jobs have two."""
+    job_id, log, runs = submit_requeue(cluster, tmp_path, 10_000, tasks=1)
     wait_for_checkpoint(cluster, job_id, log, runs)
     cluster.run("scancel", "--signal=USR1", "--full", str(job_id))
     # the requeue makes the job PENDING at once, and the next scheduling pass gives it the reason BeginTime (held
@@ -360,8 +362,9 @@ def test_scancel_signal_usr1_full_saves_and_requeues(cluster, tmp_path):
 
 def test_plain_scancel_saves_and_stops_without_a_requeue(cluster, tmp_path):
     """A plain `scancel JOB` sends SIGTERM to the tasks and the batch shell: the tasks save and exit 75 within
-    KillWait, and the script does not requeue a cancelled job (before, it did: scancel could not stop a run)."""
-    job_id, log, runs = submit_requeue(cluster, tmp_path, 10_000)
+    KillWait, and the script does not requeue a cancelled job (else scancel could never stop a run). One
+    task, as above."""
+    job_id, log, runs = submit_requeue(cluster, tmp_path, 10_000, tasks=1)
     wait_for_checkpoint(cluster, job_id, log, runs)
     cluster.run("scancel", str(job_id))
     job = cluster.wait_for(job_id, lambda j: j["JobState"] not in ("RUNNING", "COMPLETING"), 120, log, "end")
