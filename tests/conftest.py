@@ -1,4 +1,4 @@
-"""Settings of the test session. The suite runs on four pytest-xdist workers (pyproject.toml's addopts) on a
+"""Settings of the test session. The suite runs on three pytest-xdist workers (pyproject.toml's addopts) on a
 machine of two cores, so the cores are oversubscribed: every process runs one torch thread (OMP_NUM_THREADS=1; a
 second thread buys a process little time and costs the other workers' processes much: SAC's learning run alone took
 112 CPU-seconds in 58 s with two threads, 65 in 65 s with one), and OpenMP's idle threads sleep instead of spinning
@@ -7,36 +7,36 @@ second thread buys a process little time and costs the other workers' processes 
 
 The workers take whole files (`--dist loadfile`); a worker gets the next file in collection order when its own is
 nearly done. The longest files come first (FIRST), so that the last ones are short and the workers end together;
-SLURM's tests, which mostly wait on SLURM's clocks, start at once beside the three longest."""
+SLURM's tests, which mostly wait on SLURM's clocks, start at once beside the two longest."""
 
 import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-# longest first: by each file's seconds on its worker in a whole run on the 2-core machine (2026-11-27, four
+# longest first: by each file's seconds on its worker in a whole run on the 2-core machine (2026-11-28, three
 # workers)
 FIRST = (
-    "test_fault_tolerance.py",  # 539 s
-    "test_distributed_correctness.py",  # 435
-    "test_slurm.py",  # 330, mostly waiting
-    "test_gpu_check.py",  # 349
-    "test_td3_continuous_action_multigpu.py",  # 180
-    "test_evaluation.py",  # 150
-    "test_benchmark_throughput.py",  # 126
-    "test_ppo_continuous_action_multigpu.py",  # 88
-    "test_benchmark_harness.py",  # 80
-    "test_run_in_calls.py",  # 78
-    "test_ppo_multigpu.py",  # 74
-    "test_sac_continuous_action_multigpu.py",  # 72
-    "test_cudagraphs.py",  # 66
-    "test_host_syncs.py",  # 49
-    "test_checkpoint_safety.py",  # 20
-    "test_runtime.py",  # 16
-    "test_ppo_atari_multigpu.py",  # 12
-    "test_bad_inputs.py",  # 12
-    "test_dqn_atari_multigpu.py",  # 8
+    "test_fault_tolerance.py",  # 366 s
+    "test_distributed_correctness.py",  # 315
+    "test_slurm.py",  # 260, mostly waiting
+    "test_gpu_check.py",  # 210
+    "test_evaluation.py",  # 103
+    "test_td3_continuous_action_multigpu.py",  # 101
+    "test_sac_continuous_action_multigpu.py",  # 76
+    "test_benchmark_throughput.py",  # 70
+    "test_run_in_calls.py",  # 65
+    "test_benchmark_harness.py",  # 63
+    "test_ppo_continuous_action_multigpu.py",  # 58
+    "test_host_syncs.py",  # 36
+    "test_cudagraphs.py",  # 31
+    "test_ppo_multigpu.py",  # 24
+    "test_checkpoint_safety.py",  # 18
+    "test_runtime.py",  # 11
+    "test_bad_inputs.py",  # 9
+    "test_ppo_atari_multigpu.py",  # 9
     "test_ppo_atari_async_multigpu.py",  # 7
+    "test_dqn_atari_multigpu.py",  # 5
 )
 
 
