@@ -219,28 +219,28 @@ def cluster(slurm):
     slurm.cancel_all()
 
 
-def srun(cluster, *options, env=None, timeout=120) -> subprocess.CompletedProcess:
+def srun(cluster, *options, timeout=120) -> subprocess.CompletedProcess:
     """`srun OPTIONS python ppo_multigpu.py` (2 iterations), as a user types it."""
     flags = PPO.args(2, tempfile.mkdtemp(dir=cluster.root), nproc=2)
     cmd = ["srun", *options, "python", f"cleanrl_ddp/{PPO.name}", *map(str, flags)]
-    env = {**cluster.env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), **(env or {})}
+    env = {**cluster.env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     return subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.parametrize(
-    "options, env, threads",
+    "options, threads",
     [
-        (["--ntasks=2", "--cpu-bind=none"], {}, "{half} thread(s) per rank ({cores} core(s) / 2 rank(s))"),
-        (["--ntasks=2", "--ntasks-per-node=2"], {}, "1 thread(s) per rank (srun bound it to 1 core(s))"),
+        (["--ntasks=2", "--cpu-bind=none"], "{half} thread(s) per rank ({cores} core(s) / 2 rank(s))"),
+        (["--ntasks=2", "--ntasks-per-node=2"], "1 thread(s) per rank (srun bound it to 1 core(s))"),
     ],
     ids=["plain", "ntasks-per-node-bound"],
 )
-def test_srun_two_tasks_know_their_node_and_threads(cluster, options, env, threads):
+def test_srun_two_tasks_know_their_node_and_threads(cluster, options, threads):
     """Plain `srun --ntasks=2` sets no SLURM_NTASKS_PER_NODE: the ranks still count 2 on the node and share its
     cores; a task that srun bound (task/affinity, its default here: one core per task) takes its own cores. (A
     user's OMP_NUM_THREADS, which srun passes on, wins over both: tests/test_runtime.py's test_threads_per_rank.)"""
     cores = int(cluster.run("sinfo", "-h", "-o", "%c").strip())
-    result = srun(cluster, *options, env=env)
+    result = srun(cluster, *options)
     assert result.returncode == 0, result.stdout + result.stderr
     threads = threads.format(half=max(1, cores // 2), cores=cores)
     line = f"ppo_multigpu: 2 rank(s) (2 on this node), device cpu, {threads}, backend gloo"
@@ -260,8 +260,8 @@ def submit_requeue(cluster, tmp_path, iterations: int, *options, tasks=2) -> tup
     `tasks` ranks that checkpoints every iteration; returns the job id, its log and its runs directory."""
     log, runs = tmp_path / "slurm.log", tmp_path / "runs"
     flags = PPO.args(iterations, runs, "--checkpoint-every", 1, nproc=tasks)
-    options = (*ONE_HOST, f"--ntasks-per-node={tasks}", f"--output={log}", *options)
-    job_id = cluster.sbatch(*options, REQUEUE_SBATCH, *flags)
+    resources = (*ONE_HOST, f"--ntasks-per-node={tasks}")
+    job_id = cluster.sbatch(*resources, f"--output={log}", *options, REQUEUE_SBATCH, *flags)
     return job_id, log, runs
 
 
