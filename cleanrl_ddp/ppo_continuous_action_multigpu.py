@@ -83,7 +83,7 @@ class Args(rt.RunArgs):
     """if toggled, evaluation acts with the Gaussian's mean; --no-eval-greedy samples from the policy"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
     """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
-    cudagraphs: bool = False
+    cudagraphs: bool = True
     """CUDA: the policy step, GAE and each minibatch update replayed as CUDA graphs (the CPU runs them eagerly)"""
 
 

@@ -71,7 +71,7 @@ class Args(rt.RunArgs):
     """if toggled, evaluation is greedy; --no-eval-greedy plays with epsilon --end-e"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
     """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
-    cudagraphs: bool = False
+    cudagraphs: bool = True
     """CUDA: the policy step and the Q(lambda) returns replayed as CUDA graphs (the CPU runs them eagerly)"""
 
 
