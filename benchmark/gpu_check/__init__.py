@@ -8,7 +8,7 @@ seconds), each written to OUT/summary.txt the moment the check ends.
         --leanrl-script benchmark/peers/leanrl_ppo_atari.py   # + CleanRL's and LeanRL's (benchmark/offline_wheels.sh)
     python -m benchmark.gpu_check --device cpu --out DIR   # the same checks on the CPU at tiny sizes (its CPU test)
 
-The quick profile (the default) answers, in one command that fits a short GPU lease, whether every script works
+The quick profile (the default) answers, in one command that fits a short GPU job, whether every script works
 and is fast on a GPU, the most important answers first. Its steps run one after another; the checks of one step
 run at the same time (they check correctness, not speed) with one thread a process, and a speed measurement always
 has the machine alone:
