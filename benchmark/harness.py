@@ -42,6 +42,7 @@ from benchmark.versions import package_versions, versions_line
 RETURN_TAG = "charts/episodic_return"
 EPISODES_TAG = "charts/episodes"  # how many episodes each logged return is the mean of
 DONE_FILE = "harness.json"
+COMMANDS_FILE = "commands.txt"  # beside a report's results.md: every run's command, one per line
 PIECES_FILE = "pieces.jsonl"  # one line per piece of a run made in pieces (benchmark/run_in_calls.py)
 RUNNING_FILE = "piece_running.json"  # the piece in progress: its start, command and machine
 PUBLISHED = Path(__file__).with_name("published_returns.csv")
@@ -417,7 +418,7 @@ def markdown_table(rows, metas, published: dict) -> str:
             f"{np.mean(finals):.1f} ± {np.std(finals):.1f} | {versus} | {np.mean(sps_med):.0f} | {np.mean(walls):.1f} "
             f"| {status(runs)} |"
         )
-    commands = sorted({c for m in metas for c in m["commands"]})
+    commands = run_commands(metas)
     by_hand = sorted(m["name"] for m in metas if not m["commands"])
     machines = sorted({machine for m in metas for machine in m["machines"]})
     lines += [
@@ -431,12 +432,17 @@ def markdown_table(rows, metas, published: dict) -> str:
     lines += ["", *(f"Published: {source}." for source in sources)] if sources else []
     lines += ["", f"Machine: {', '.join(machines) or 'not recorded'}. Last logged: {max(m['ended'] for m in metas)}."]
     lines += ["", packages_line(metas), ""]
-    lines += ["Commands:", "", "```bash", *commands, "```", ""] if commands else []
+    lines += [f"Commands, one per run ({len(commands)}): [{COMMANDS_FILE}]({COMMANDS_FILE}).", ""] if commands else []
     if by_hand:
         lines += [f"Launched by hand (no command, machine or versions recorded): {', '.join(by_hand)}.", ""]
     for m in sorted((m for m in metas if m["pieces"]), key=lambda m: m["name"]):
         lines += pieces_table(m)
     return "\n".join(lines)
+
+
+def run_commands(metas) -> list[str]:
+    """Every run's command line as a reader types it, each once (written to COMMANDS_FILE beside the report)."""
+    return sorted({c for m in metas for c in m["commands"]})
 
 
 def pieces_table(meta) -> list[str]:
@@ -484,6 +490,9 @@ def cmd_report(args) -> int:
     plots = plot_curves(rows, metas, out, published)
     table = markdown_table(rows, metas, published)
     (out / "results.md").write_text(table + "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n")
+    commands = run_commands(metas)
+    if commands:
+        (out / COMMANDS_FILE).write_text("\n".join(commands) + "\n")
     print(f"wrote {out / 'scalars.csv.gz'} ({len(kept)} rows), {len(plots)} plot(s), {out / 'results.md'}")
     return 0
 

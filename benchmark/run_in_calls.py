@@ -1,20 +1,23 @@
-"""Run one long training run as a sequence of pieces, each a few minutes: start or resume it, stop it cleanly
-before a deadline, and leave its run directory where the next piece finds it.
+"""Run one long training run in pieces, each within a wall-clock limit: start or resume the run, stop it cleanly
+before the limit, and leave its run directory where the next piece finds it, on this machine or, packed, on another.
 
-A GPU of this workplace is lent in device calls of at most 10 minutes, each on a fresh copy of the repository
-(64 MiB carried in, at most 8 files of 16 MiB each back from $OUT). A 10M-step Atari run is then several calls,
-each resuming the run that the last one brought back (benchmark/repro/atari_in_calls.md has the whole sequence):
+A job whose time limit is shorter than the run (SLURM's --time, a spot instance that may be reclaimed, a machine
+booked by the hour) runs one piece. SIGTERM goes to the run --margin seconds before --minutes are up; the run
+checkpoints at the end of its iteration and exits 75; the next piece, the same command, resumes from the checkpoint:
 
-    # piece 1: start; SIGTERM at 8.5 minutes minus --margin: the run checkpoints at the end of its iteration and
-    # exits 75; its run directory is packed into $OUT as {run name}.tgz.part0, .part1, ... (15 MiB each)
-    python -m benchmark.run_in_calls --minutes 8.5 --out $OUT --script cleanrl_ddp/ppo_atari_multigpu.py \
-        --env-id BreakoutNoFrameskip-v4 --seed 1 -- --cudagraphs
-    # here, between calls: copy what came back into runs/carry/ (git-ignored), then pieces 2, 3, ... carry it in
-    python -m benchmark.run_in_calls --minutes 8.5 --out $OUT --carried runs/carry --script ... (the same flags)
+    python -m benchmark.run_in_calls --minutes 55 --script cleanrl_ddp/ppo_atari_multigpu.py \
+        --env-id BreakoutNoFrameskip-v4 --seed 1 -- --local-num-envs 8
 
-On a machine of one's own the same command without --out and --carried runs a piece in place: the run directory
-under --runs-dir is what the next piece resumes. Without --minutes a piece runs until the run finishes or this
-process gets SIGTERM or SIGINT, which it passes on to the run as at a deadline (a clean pause of a long CPU run).
+Set --minutes a little under the job's limit. Without --minutes a piece runs until the run finishes, or until this
+process gets SIGTERM or SIGINT, which it passes on to the run as at the deadline (a spot instance's notice, Ctrl-C).
+
+Nodes without shared storage: --out DIR packs the run directory at the end of the piece into
+DIR/{run name}.tgz.part0 (and .part1, ... with --part-mib, for a transfer that limits a file's size), and the next
+piece, on another machine, unpacks the parts it is given with --carried:
+
+    python -m benchmark.run_in_calls --minutes 55 --out /tmp/out --script ...                 # machine A
+    # copy /tmp/out/{run name}.* to machine B's runs/carry/, then on B, with the same flags:
+    python -m benchmark.run_in_calls --minutes 55 --out /tmp/out --carried runs/carry --script ...
 
 Each piece appends one line to {run dir}/pieces.jsonl: start and end (UTC), global steps from and to, the
 machine (and GPU), package versions, exit code, outcome and the exact command; its output is kept as
@@ -39,9 +42,6 @@ from pathlib import Path
 from benchmark.harness import PIECES_FILE, RUNNING_FILE, config_name, portable, run_command, run_name, utc
 from benchmark.versions import package_versions
 
-PART_BYTES = 15 * 2**20  # a file that comes back from a device call holds at most 16 MiB
-MAX_BACK_BYTES = 60 * 2**20  # at most 64 MiB come back in all (and 8 files: 4 parts and the record)
-CALL_CARRY_BYTES = 64 * 2**20  # what a device call carries in: the repository's files, the wheels, the archive
 PACK_SECONDS = 5  # before the deadline: a run still going is killed (its last checkpoint stays), then packed
 PREEMPTED_LINE = "preempted by a signal at global step"  # rank 0's line after a checkpoint and exit 75 (runtime.py)
 
@@ -113,44 +113,20 @@ def unpack(carried: Path, name: str, runs_dir: Path) -> Path:
     return run_dir
 
 
-def pack(run_dir: Path, out: Path) -> list[Path]:
-    """The run directory as {name}.tgz.part0, .part1, ... under `out`: what comes back and is carried in next."""
+def pack(run_dir: Path, out: Path, part_bytes: int | None = None) -> list[Path]:
+    """The run directory as {name}.tgz.part0 under `out` (with part_bytes: .part0, .part1, ... of at most that
+    size): what the next piece, elsewhere, unpacks with --carried."""
     out.mkdir(parents=True, exist_ok=True)
     archive = out / f"{run_dir.name}.tgz"
     with tarfile.open(archive, "w:gz", compresslevel=1) as tar:  # weights barely compress: be fast
         tar.add(run_dir, arcname=run_dir.name, filter=lambda m: None if m.name.endswith("/lease") else m)
     data, parts = archive.read_bytes(), []
     archive.unlink()
-    for i in range(0, max(len(data), 1), PART_BYTES):
-        parts.append(out / f"{run_dir.name}.tgz.part{i // PART_BYTES}")
-        parts[-1].write_bytes(data[i : i + PART_BYTES])
+    size = part_bytes or max(len(data), 1)
+    for i in range(0, max(len(data), 1), size):
+        parts.append(out / f"{run_dir.name}.tgz.part{i // size}")
+        parts[-1].write_bytes(data[i : i + size])
     return parts
-
-
-def folder_bytes(folder: Path, leave_out=()) -> int:
-    return sum(
-        p.stat().st_size
-        for p in folder.resolve().rglob("*")
-        if p.is_file() and not any(p.is_relative_to(o) for o in leave_out)
-    )
-
-
-def carry_line(archive_bytes: int, wheels: Path, leave_out=()) -> str:
-    """What the next call carries in: the archive, the wheels, and the repository's files (git's list where this is
-    a checkout; else, as on the device's copy, every file here but the run's own folders)."""
-    mib = 2**20
-    wheel_bytes = folder_bytes(wheels) if wheels.is_dir() else 0
-    try:
-        files = subprocess.run(["git", "ls-files", "-z"], capture_output=True, check=True).stdout.split(b"\0")
-        tree = sum(os.path.getsize(f) for f in files if f and os.path.isfile(f))
-    except (OSError, subprocess.CalledProcessError):
-        tree = folder_bytes(Path("."), [wheels.resolve(), *(Path(o).resolve() for o in leave_out)])
-    total = archive_bytes + wheel_bytes + tree
-    verdict = "fits" if total < CALL_CARRY_BYTES else "DOES NOT FIT"
-    return (
-        f"carry next call: run archive {archive_bytes / mib:.1f} MiB + {wheels}/ {wheel_bytes / mib:.1f} MiB + "
-        f"repository files {tree / mib:.1f} MiB = {total / mib:.1f} MiB of 64 ({verdict})"
-    )
 
 
 def main(argv=None) -> int:
@@ -161,7 +137,12 @@ def main(argv=None) -> int:
     parser.add_argument("--world-size", type=int, default=1, help="processes (torchrun above 1)")
     parser.add_argument("--label", default=None, help="the configuration's name in the run name (default ws{N})")
     parser.add_argument("--runs-dir", default="runs/calls", help="where the run directory is (or is unpacked)")
-    parser.add_argument("--minutes", type=float, default=None, help="this piece's length; default: no deadline")
+    parser.add_argument(
+        "--minutes",
+        type=float,
+        default=None,
+        help="this piece's wall-clock limit (a little under the job's); default none",
+    )
     parser.add_argument(
         "--margin",
         type=float,
@@ -169,14 +150,19 @@ def main(argv=None) -> int:
         help=f"seconds before the end of --minutes at which to send SIGTERM; a run still going {PACK_SECONDS} s "
         "before the end is killed (its last periodic checkpoint stays)",
     )
-    parser.add_argument("--out", default=None, help="pack the run directory here at the end ($OUT on the device)")
+    parser.add_argument("--out", default=None, help="pack the run directory into this folder at the end, to move it")
+    parser.add_argument(
+        "--part-mib", type=float, default=None, help="with --out: split the archive into parts of this size"
+    )
     parser.add_argument("--carried", default=None, help="a folder holding the parts a previous piece packed")
-    parser.add_argument("--wheels", default=".whl", help="the wheels a device call carries (for the size it reports)")
     parser.add_argument("extra", nargs=argparse.REMAINDER, help="-- then the script's own flags")
     args = parser.parse_args(argv)
     extra = args.extra[1:] if args.extra[:1] == ["--"] else args.extra
     start_wall, start = time.time(), time.monotonic()
     deadline = None if args.minutes is None else start + 60 * args.minutes
+    part_bytes = None if args.part_mib is None else int(args.part_mib * 2**20)
+    if part_bytes is not None and part_bytes < 1:
+        parser.error(f"--part-mib must be positive, got {args.part_mib}")
     if args.margin <= PACK_SECONDS:
         parser.error(f"--margin must leave the run time to checkpoint: more than {PACK_SECONDS} s")
     if deadline is not None and 60 * args.minutes <= args.margin:
@@ -278,16 +264,11 @@ def main(argv=None) -> int:
     if outcome in ("failed", "killed"):
         print("\n".join(text.splitlines()[-15:]), file=sys.stderr)
     if args.out and run_dir.is_dir():
-        parts = pack(run_dir, Path(args.out))
+        parts = pack(run_dir, Path(args.out), part_bytes)
         (Path(args.out) / f"{name}.piece.json").write_text(json.dumps(record, indent=1) + "\n")
         size = sum(p.stat().st_size for p in parts)
         names = ", ".join(p.name for p in parts)
         print(f"run_in_calls: packed {run_dir} into {args.out}: {names} ({size / 2**20:.1f} MiB)")
-        if size > MAX_BACK_BYTES:
-            print(f"run_in_calls: error: {size / 2**20:.1f} MiB will not come back from a device call", file=sys.stderr)
-            return 1
-        leave_out = [runs_dir, args.out, *([args.carried] if args.carried else [])]
-        print(f"run_in_calls: {carry_line(size, Path(args.wheels), leave_out)}")
     return 0 if outcome in ("finished", "stopped") else 1
 
 

@@ -426,13 +426,12 @@ def main(argv=None) -> int:
         invocation = shlex.join(["python", "-m", "benchmark.throughput", *(argv if argv is not None else sys.argv[1:])])
         (args.out / "throughput.md").write_text(
             "\n".join(header)
-            + f"\n\n{table}\n\nRegenerate: `{invocation}`\n\nRuns:\n\n```\n"
-            + "\n".join(command_lines)
-            + "\n```\n"
+            + f"\n\n{table}\n\nRegenerate: `{invocation}`\n\nEach run's command: [runs.txt](runs.txt).\n"
         )
+        (args.out / "runs.txt").write_text("\n".join(command_lines) + "\n")
         title = f"{Path(args.script).name}, {args.env_id}, {args.local_num_envs} envs/rank, {platform.node()}"
         plot(rows, title, args.out / "sps_vs_world_size.png")
-        print(f"wrote {args.out / 'throughput.md'} and {args.out / 'sps_vs_world_size.png'}")
+        print(f"wrote {args.out / 'throughput.md'}, runs.txt and {args.out / 'sps_vs_world_size.png'}")
     return 0
 
 

@@ -63,8 +63,10 @@ def test_harness_runs_skips_and_reports(tmp_path, capsys):
     assert "| 1000000.0 ± 1.0 (Paper X; ours outside ± 2 std) |" in table
     assert "Published: Paper X: its table 2." in table
     assert f"\nPackages: torch {torch.__version__} (CUDA " in table and f"numpy {np.__version__}, " in table
-    commands = [line for line in table.splitlines() if "ppo_multigpu.py " in line]  # as a reader types them
+    assert "Commands, one per run (3): [commands.txt](commands.txt)." in table
+    commands = (out / "commands.txt").read_text().splitlines()  # as a reader types them
     assert {c.split(" ", 1)[0] for c in commands} == {"python", "torchrun"} and len(commands) == 3
+    assert all("ppo_multigpu.py " in c for c in commands)
 
 
 def test_final_return_is_the_mean_of_the_last_episodes():

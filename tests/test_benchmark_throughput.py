@@ -85,9 +85,9 @@ def test_a_tiny_real_run_writes_the_table_and_the_plot(tmp_path):
     assert sync_share.endswith("%") and 0 <= int(sync_share[:-1]) <= 100, flat_row
     assert "Regenerate: `python -m benchmark.throughput --script cleanrl_ddp/ppo_multigpu.py" in table
     assert f"\n# packages: torch {torch.__version__} (CUDA " in table and ", gymnasium 1." in table  # what ran
-    assert (
-        "\n# ws=2 flat: torchrun --standalone --nproc_per_node=2 cleanrl_ddp/ppo_multigpu.py --grad-sync flat" in table
-    )
+    assert "Each run's command: [runs.txt](runs.txt)." in table
+    runs = (out / "runs.txt").read_text()
+    assert "# ws=2 flat: torchrun --standalone --nproc_per_node=2 cleanrl_ddp/ppo_multigpu.py --grad-sync flat" in runs
     assert (out / "sps_vs_world_size.png").stat().st_size > 1000
 
 

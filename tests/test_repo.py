@@ -1,5 +1,5 @@
 """The repository's own promises: lint, the README's test command is CI's, the lock keeps pyproject's floors,
-every flag has help."""
+every flag has help, every relative link in the docs leads somewhere."""
 
 import ast
 import importlib
@@ -101,3 +101,35 @@ def test_the_flat_all_reduce_is_the_same_in_every_script():
     assert len(copies) == len(ALGO_SCRIPTS), sorted(set(ALGO_SCRIPTS) - set(copies))
     reference = copies["ppo_multigpu.py"]
     assert [s for s, copy in copies.items() if copy != reference] == []
+
+
+def anchors(page) -> set:
+    """The anchors GitHub makes of a Markdown page's headings: lower case, punctuation dropped, spaces to hyphens,
+    a repeated heading numbered -1, -2, ..."""
+    seen, found = {}, set()
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    for heading in re.findall(r"^#{1,6} +(.+?) *$", text, re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        found.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+        seen[slug] = seen.get(slug, 0) + 1
+    return found
+
+
+def test_every_relative_link_and_anchor_in_the_docs_resolves():
+    """README.md and every page under docs/ and benchmark/: each relative link names a file of the checkout, and
+    each #anchor a heading of its page."""
+    pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")), *sorted((REPO / "benchmark").rglob("*.md"))]
+    broken, links = [], 0
+    for page in pages:
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):  # https:, mailto:
+                continue
+            links += 1
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                broken.append(f"{page.relative_to(REPO)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+                broken.append(f"{page.relative_to(REPO)}: {target} (no such heading)")
+    assert links > 100 and broken == [], "\n".join(broken)

@@ -24,14 +24,16 @@ def run_in_calls(*args):
 
 def test_a_run_in_two_pieces_carried_between_machines_logs_one_curve(tmp_path):
     """Piece 1 is stopped (SIGTERM to run_in_calls, which passes it on, as at its deadline) once the run has
-    written its first checkpoint, and packs its run directory into out1/. The parts are copied elsewhere, as the
-    device tool brings them back, and piece 2 unpacks them into another runs directory, as on a fresh machine,
-    and finishes."""
+    written its first checkpoint, and packs its run directory into out1/ in parts of 4 MiB. The parts are copied
+    elsewhere, as to a machine without shared storage, and piece 2 unpacks them into another runs directory and
+    finishes."""
     common = ["--script", "cleanrl_ddp/ppo_atari_multigpu.py", "--env-id", "BreakoutNoFrameskip-v4", "--seed", "1"]
     total = ["--total-timesteps", "1536", "--checkpoint-every", "8"]  # 24 iterations of 64 steps
     out1, carried, out2 = tmp_path / "out1", tmp_path / "carried", tmp_path / "out2"
     first = subprocess.Popen(
-        run_in_calls(*common, "--runs-dir", tmp_path / "m1", "--minutes", 5, "--out", out1, "--", *TINY, *total),
+        run_in_calls(
+            *common, "--runs-dir", tmp_path / "m1", "--minutes", 5, "--out", out1, "--part-mib", 4, "--", *TINY, *total
+        ),
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -43,14 +45,16 @@ def test_a_run_in_two_pieces_carried_between_machines_logs_one_curve(tmp_path):
     output = first.communicate(timeout=120)[0]
     assert first.returncode == 0, output
     assert "piece 1 stopped (exit 75)" in output, output
-    assert sorted(p.name for p in out1.iterdir()) == [f"{NAME}.piece.json", f"{NAME}.tgz.part0"]
-    assert "carry next call: run archive " in output and "of 64 (fits)" in output
+    parts = sorted(out1.glob(f"{NAME}.tgz.part*"), key=lambda p: int(p.name.rsplit("part", 1)[1]))
+    assert len(parts) >= 2 and len(list(out1.iterdir())) == len(parts) + 1 and (out1 / f"{NAME}.piece.json").is_file()
+    assert {p.stat().st_size for p in parts[:-1]} == {4 * 2**20} and 0 < parts[-1].stat().st_size <= 4 * 2**20
+    assert f"packed {tmp_path / 'm1' / NAME} into {out1}: {NAME}.tgz.part0, " in output
     assert not (tmp_path / "m1" / NAME / harness.RUNNING_FILE).exists()  # the piece's record is in pieces.jsonl now
     live = harness.run_meta(tmp_path / "snapshot" / NAME, read_scalar_events(tmp_path / "snapshot" / NAME))
     assert (live["finished"], live["total"], [p["outcome"] for p in live["pieces"]]) == (False, 1536, ["running"])
     assert live["pieces"][0]["step_to"] == live["step"] > 0  # the piece in progress, as far as its events go
 
-    shutil.copytree(out1, carried)  # what the device tool brings back, put where the next call carries it from
+    shutil.copytree(out1, carried)  # as copied to the next machine
     second = subprocess.run(
         run_in_calls(*common, "--runs-dir", tmp_path / "m2", "--minutes", 5, "--out", out2, "--carried", carried)
         + ["--", *TINY, *total],

@@ -5,10 +5,10 @@ seconds), each written to OUT/summary.txt the moment the check ends.
     python -m benchmark.gpu_check --full --out DIR    # every check (about 20-30 minutes)
     python -m benchmark.gpu_check --full --only resume evaluate --out DIR               # some checks again
     python -m benchmark.gpu_check --cleanrl-script benchmark/peers/cleanrl_ppo_atari_multigpu.py \
-        --leanrl-script benchmark/peers/leanrl_ppo_atari.py   # + CleanRL's and LeanRL's (benchmark/device_wheels.sh)
+        --leanrl-script benchmark/peers/leanrl_ppo_atari.py   # + CleanRL's and LeanRL's (benchmark/offline_wheels.sh)
     python -m benchmark.gpu_check --device cpu --out DIR   # the same checks on the CPU at tiny sizes (its CPU test)
 
-The quick profile (the default) answers, in one command that fits a short GPU lease, whether every script works
+The quick profile (the default) answers, in one command that fits a short GPU job, whether every script works
 and is fast on a GPU, the most important answers first. Its steps run one after another; the checks of one step
 run at the same time (they check correctness, not speed) with one thread a process, and a speed measurement always
 has the machine alone:

@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--leanrl-script",
         help="LeanRL's PPO Atari script, benchmark/peers/leanrl_ppo_atari.py, to measure next to ours with --compile "
-        "--cudagraphs (needs EnvPool: benchmark/device_wheels.sh; skipped without it or without this flag)",
+        "--cudagraphs (needs EnvPool: benchmark/offline_wheels.sh; skipped without it or without this flag)",
     )
     parser.add_argument(
         "--budget",

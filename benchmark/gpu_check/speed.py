@@ -198,12 +198,12 @@ def check_leanrl_atari(c: Check, num_envs: int, our_sps: float, ours: str = ATAR
     """LeanRL's own PPO Atari script (benchmark/peers/leanrl_ppo_atari.py, ported), `--compile --cudagraphs` on
     CUDA, at 1 process x `num_envs` envs x the throughput's steps: its own steady speed (`speed: N sps`, from
     iteration 11 to 20) next to `our_sps`, the Atari PPO's in the same call. It needs EnvPool (1.2.7: Python >= 3.12)
-    with its Atari ROMs (benchmark/device_wheels.sh); without it, or without --leanrl-script, it is a skip line."""
+    with its Atari ROMs (benchmark/offline_wheels.sh); without it, or without --leanrl-script, it is a skip line."""
     name = f"leanrl {num_envs} envs"
     if not c.leanrl_script:
         return Result(name, "skip", "no --leanrl-script: LeanRL's script not run")
     if importlib.util.find_spec("envpool") is None:
-        return Result(name, "skip", "no envpool here (EnvPool 1.2.7 needs Python >= 3.12: benchmark/device_wheels.sh)")
+        return Result(name, "skip", "no envpool here (EnvPool 1.2.7 needs Python >= 3.12: benchmark/offline_wheels.sh)")
     s, script = c.sizes, Path(c.leanrl_script).expanduser().resolve()
     if not script.is_file():
         return Result(name, "FAIL", f"--leanrl-script {script}: no such file")
