@@ -9,14 +9,14 @@ update, bookkeeping.
     # 2 ranks (gloo; the flat all-reduce between backward and step, timed as its own part):
     python -m torch.distributed.run --standalone --nproc_per_node=2 -m benchmark.profile_offpolicy --script ...
 
-The loop is built from the script's own pieces (`make_env`, `Actor`, `TwinQ`, the update stages `critic_stages`,
-`actor_stages` and SAC's `temperature_stages`, `soft_update`, `all_reduce_gradients_flat`) and the modules they use
-(`replay.ReplayBuffer`, `graphs.Update`, `rt.to_device`, `rt.Episodes`), composed as its `main()` composes them,
-with the script's default flags (one env per rank, batch 256, one update per step, the actor every 2nd) once updates
-run. Each timer waits for the device before it reads (`sync`: torch.cuda.synchronize on CUDA, nothing on the CPU),
-so a part's time holds its own kernels: the profiled loop is slower than the script on a GPU (no overlap of host
-and device): read the split from here and the SPS from a real run. Eagerly each stage of an update is timed on its
-own; with --cudagraphs each captured part (a whole update at world size 1) is timed under its first stage. Parts:
+The loop is built from the script's own pieces (`make_env`, `Actor`, `TwinQ`, the losses, `soft_update`,
+`all_reduce_gradients_flat`) and the modules they use (`replay.ReplayBuffer`, `graphs`, `rt.to_device`,
+`rt.Episodes`), in the update functions of its `main()` and in their order, with the script's default flags (one env
+per rank, batch 256, one update per step, the actor every 2nd) once updates run. Each timer waits for the device
+before it reads (`sync`: torch.cuda.synchronize on CUDA, nothing on the CPU), so a part's time holds its own kernels:
+the profiled loop is slower than the script on a GPU (no overlap of host and device): read the split from here and
+the SPS from a real run. Eagerly each function of an update is timed on its own; with --cudagraphs at world size 1
+a whole update is one graph, timed under its first part (the critics' step under "critic forward/backward"). Parts:
 
 - env: `envs.step` (gymnasium's `SyncVectorEnv`, MuJoCo or classic control);
 - action: the actor on the observation (copied to the device) and the actions back to the host;
@@ -65,18 +65,13 @@ class Timer:
         self.seconds[part] += time.perf_counter() - start
 
 
-# the part each update stage is timed in, by its name in the script
-STAGE_PARTS = dict(critic_backward="critic", critic_step="step", update_targets="target", actor_backward="actor")
-STAGE_PARTS |= dict(actor_step="actor", temperature_backward="actor", temperature_step="actor")
-
-
 def profile_steps(module_name: str, env_id: str, steps: int, warmup: int = 20, device=None, cudagraphs=None) -> dict:
     """Fill this rank's buffer with `local_batch_size` random steps, then run `warmup + steps` env steps with one
     update each (the script's defaults; `cudagraphs`: the script's default when None); returns the mean seconds per
     step of each part after warm-up, and the rate.
     In a process group (torchrun) the gradients are averaged with the flat all-reduce between the stages."""
     mod = importlib.import_module(module_name)
-    sac = hasattr(mod, "temperature_stages")
+    sac = hasattr(mod, "temperature_loss")
     args = mod.Args(env_id=env_id, grad_sync="flat")
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
@@ -95,45 +90,78 @@ def profile_steps(module_name: str, env_id: str, steps: int, warmup: int = 20, d
     target_actor.load_state_dict(actor.state_dict())
     qf_target.load_state_dict(qf.state_dict())
     q_lr, policy_lr = (args.q_lr, args.policy_lr) if sac else (args.learning_rate, args.learning_rate)
-    q_optimizer = torch.optim.Adam(qf.parameters(), lr=q_lr, fused=True, capturable=True)
-    actor_optimizer = torch.optim.Adam(actor.parameters(), lr=policy_lr, fused=True, capturable=True)
+    q_optimizer = graphs.optimizer(torch.optim.Adam, qf.parameters(), q_lr, device, fused=True)
+    actor_optimizer = graphs.optimizer(torch.optim.Adam, actor.parameters(), policy_lr, device, fused=True)
     log_alpha = torch.zeros(1, requires_grad=True, device=device)
-    a_optimizer = torch.optim.Adam([log_alpha], lr=q_lr, fused=True, capturable=True)
+    a_optimizer = graphs.optimizer(torch.optim.Adam, [log_alpha], q_lr, device, fused=True)
     for p in [*qf.parameters(), *actor.parameters(), log_alpha]:
         p.grad = torch.zeros_like(p)
     alpha = log_alpha.detach().exp()
-    # the updates and the action choice as the script's main() builds them (world size 1, or flat)
+
+    # the script's update functions (world size 1, or flat), each as (part, function of the update's input)
+    def all_reduce(params):
+        return lambda _: mod.all_reduce_gradients_flat(list(params), world_size)
+
+    def critic_backward(data):
+        if sac:
+            *values, qf1_loss, qf2_loss = mod.critic_loss(qf, qf_target, actor, **data, alpha=alpha, gamma=args.gamma)
+        else:
+            *values, qf1_loss, qf2_loss = mod.critic_loss(qf, qf_target, target_actor, **data, args=args)
+        q_optimizer.zero_grad(set_to_none=False)
+        (qf1_loss + qf2_loss).backward()
+        return torch.stack((values[0].mean(), values[1].mean(), qf1_loss, qf2_loss)).detach()
+
+    def actor_backward(obs):
+        qf.requires_grad_(False)
+        loss = mod.policy_loss(actor, qf, obs, alpha) if sac else mod.policy_loss(actor, qf, obs)
+        qf.requires_grad_(True)
+        actor_optimizer.zero_grad(set_to_none=False)
+        loss.backward()
+
+    def temperature_backward(obs):
+        a_loss = mod.temperature_loss(actor, log_alpha, obs, -float(action_dim))
+        a_optimizer.zero_grad(set_to_none=False)
+        a_loss.backward()
+
+    def temperature_step(_):
+        a_optimizer.step()
+        with torch.no_grad():
+            alpha.copy_(log_alpha.exp())
+
+    ranks = world_size > 1
+    critic_parts = [("critic", critic_backward), *[("all_reduce", all_reduce(qf.parameters()))] * ranks]
+    critic_parts += [("step", lambda _: q_optimizer.step())]
+    actor_parts = [("actor", actor_backward), *[("all_reduce", all_reduce(actor.parameters()))] * ranks]
+    actor_parts += [("actor", lambda _: actor_optimizer.step())]
     if sac:
-        critic = mod.critic_stages(qf, qf, qf_target, actor, q_optimizer, alpha, args, world_size, mod.critic_loss)
+        actor_parts += [("actor", temperature_backward), *[("all_reduce", all_reduce([log_alpha]))] * ranks]
+        actor_parts += [("actor", temperature_step)]
+        target_parts = [("target", lambda _: mod.soft_update([qf], [qf_target], args.tau))]
+    else:
+        actor_parts += [("target", lambda _: mod.soft_update([actor, qf], [target_actor, qf_target], args.tau))]
+        target_parts = []
+    if cudagraphs and world_size == 1:  # each update one graph, timed whole under its first part
 
-        def update_targets(_):
-            mod.soft_update([qf], [qf_target], args.tau)
+        def whole(parts):
+            def update(x):
+                return [fn(x) for _, fn in parts][0]
 
-        critic = [*critic, update_targets]
-        stages = mod.actor_stages(actor, actor, qf, actor_optimizer, alpha, args, world_size, mod.policy_loss)
-        stages += mod.temperature_stages(
-            actor, log_alpha, alpha, a_optimizer, world_size, -float(action_dim), mod.temperature_loss
-        )
+            return [(parts[0][0], graphs.graphed(update, True))] if parts else []
+
+        critic_parts, actor_parts, target_parts = whole(critic_parts), whole(actor_parts), whole(target_parts)
+
+    def timed(parts, x):
+        """The parts of one update in order, each timed in its part; the first one's output."""
+        outputs = []
+        for part, fn in parts:
+            with timer(part):
+                outputs.append(fn(x))
+        return outputs[0] if outputs else None
+
+    if sac:
         act = graphs.graphed(lambda obs: actor(obs)[0], cudagraphs)
     else:
-        critic = mod.critic_stages(qf, qf, qf_target, target_actor, q_optimizer, args, world_size, mod.critic_loss)
-        stages = mod.actor_stages(
-            actor, actor, qf, target_actor, qf_target, actor_optimizer, args, world_size, mod.policy_loss
-        )
         act = graphs.graphed(lambda obs: mod.eval_action(actor, obs, False, None, args), cudagraphs)
-    critic, stages = [s for s in critic if s is not None], [s for s in stages if s is not None]
-    update_critics, update_actor = graphs.Update(cudagraphs, *critic), graphs.Update(cudagraphs, *stages)
-    pieces = {update_critics: critic, update_actor: stages}  # eagerly: each stage timed on its own
-
-    def timed_update(update, inputs) -> list:
-        """Each stage (eagerly) or each captured part of `update`, timed in its part; the tensors they return."""
-        outputs = []
-        for piece in update.parts if cudagraphs else pieces[update]:
-            first = getattr(piece, "__name__", "").split("+")[0]
-            with timer(STAGE_PARTS.get(first, "all_reduce")):
-                out = piece(inputs)
-            outputs += [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
-        return outputs
 
     rb = replay.ReplayBuffer(args.buffer_size // world_size, obs_dim, action_dim, device, seed=rank)
     episodes = rt.Episodes(1)
@@ -163,13 +191,14 @@ def profile_steps(module_name: str, env_id: str, steps: int, warmup: int = 20, d
         if learning:
             with timer("sample"):
                 data = rb.sample(args.local_batch_size)
-            (critic_stats,) = timed_update(update_critics, data)
+            critic_stats = timed(critic_parts, data)
             num_updates += 1
             with timer("bookkeeping"):
                 sums += critic_stats.double()
             if num_updates % args.policy_frequency == 0:
                 for _ in range(args.policy_frequency if sac else 1):
-                    timed_update(update_actor, data["obs"])
+                    timed(actor_parts, data["obs"])
+            timed(target_parts, None)
         totals.append(time.perf_counter() - start)
     envs.close()
     seconds = {part: s / steps for part, s in timer.seconds.items()}

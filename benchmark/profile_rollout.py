@@ -89,9 +89,7 @@ def profile_iterations(
     prev_lives = [info["lives"] for _, info in resets]
     memory_format = torch.channels_last if args.channels_last else torch.contiguous_format  # as the script
     agent = module.Agent(int(envs[0].single_action_space.n)).to(device, memory_format=memory_format)
-    optimizer = graphs.optimizer(
-        optim.Adam, agent.parameters(), args.learning_rate, cudagraphs, device, eps=1e-5, fused=True
-    )
+    optimizer = graphs.optimizer(optim.Adam, agent.parameters(), args.learning_rate, device, eps=1e-5, fused=True)
     for p in agent.parameters():
         p.grad = torch.zeros_like(p)
 

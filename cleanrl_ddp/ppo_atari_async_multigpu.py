@@ -321,10 +321,8 @@ def main() -> None:
     if world_size > 1:
         for tensor in agent.state_dict().values():  # the same start whichever --grad-sync is used
             dist.broadcast(tensor, src=0)
-    # fused: one kernel for all parameters; --cudagraphs: the learning rate a tensor that a captured step reads
-    optimizer = graphs.optimizer(
-        optim.Adam, agent.parameters(), args.learning_rate, args.cudagraphs, device, eps=1e-5, fused=True
-    )
+    # fused: one kernel for all parameters; the learning rate a tensor, which a captured step reads
+    optimizer = graphs.optimizer(optim.Adam, agent.parameters(), args.learning_rate, device, eps=1e-5, fused=True)
     rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
     if ckpt:
         agent.load_state_dict(ckpt["agent"])
@@ -376,17 +374,28 @@ def main() -> None:
         loss.backward()
         return mb_stats
 
-    def clip_and_step(*_):
+    def clip_and_step():
         nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
         optimizer.step()
 
     # --cudagraphs: as in ppo_atari_multigpu.py, with one graph per half's policy step
     capture = graphs.enabled(args, run)  # only CUDA captures
+    flat = world_size > 1 and args.grad_sync == "flat"
     policy_steps = [graphs.graphed(partial(policy_step, h=h), capture) for h in (0, 1)]
     advantages_and_returns = graphs.graphed(advantages_and_returns, capture)
-    ddp, flat = model is not agent, world_size > 1 and args.grad_sync == "flat"
-    all_reduce = partial(all_reduce_gradients_flat, list(agent.parameters()), world_size) if flat else None
-    update = graphs.Update(capture, *graphs.optimizer_step(minibatch_backward, clip_and_step, all_reduce, ddp))
+    minibatch_backward = graphs.graphed(minibatch_backward, capture and flat)
+    clip_and_step = graphs.graphed(clip_and_step, capture and world_size > 1)
+    grad_sync = rt.Stopwatch()  # the flat all-reduce's wall time
+
+    def update(mb_inds, mb_advantages, b_returns):
+        mb_stats = minibatch_backward(mb_inds, mb_advantages, b_returns)
+        if flat:
+            with grad_sync:
+                all_reduce_gradients_flat(agent.parameters(), world_size)
+        clip_and_step()
+        return mb_stats
+
+    update = graphs.graphed(update, capture and world_size == 1)  # at world size 1 the whole update is one graph
     num_iterations, preempted = sizes.num_iterations, False
     rt.open_run(run, sizes, ckpt)
 
@@ -434,7 +443,7 @@ def main() -> None:
             if args.norm_adv:
                 epoch_advantages = normalize_advantages(epoch_advantages, world_size)
             for mb_inds, mb_advantages in zip(b_inds, epoch_advantages, strict=True):
-                (mb_stats,) = update(mb_inds, mb_advantages, b_returns)
+                mb_stats = update(mb_inds, mb_advantages, b_returns)
                 loss_sums = {k: loss_sums.get(k, 0) + v for k, v in mb_stats.items()}
                 num_updates += 1
 
@@ -468,7 +477,7 @@ def main() -> None:
             "perf/update_seconds": update_seconds,
         }
         if flat:
-            scalars["perf/grad_sync_seconds"] = update.take_outside_seconds()
+            scalars["perf/grad_sync_seconds"] = grad_sync.take()
         rt.log(run, global_step, scalars, m)
         if args.sync_check_every and iteration % args.sync_check_every == 0:
             rt.check_replicas_in_sync(f"iteration {iteration}", world_size, agent, optimizer)

@@ -609,6 +609,23 @@ def log(run: Run, global_step: int, scalars: dict, episodes: dict) -> None:
         print(line, flush=True)
 
 
+class Stopwatch:
+    """The wall time spent inside `with stopwatch:` blocks, summed until `take()`."""
+
+    def __init__(self):
+        self.seconds = 0.0
+
+    def __enter__(self):
+        self.started = time.perf_counter()
+
+    def __exit__(self, *_):
+        self.seconds += time.perf_counter() - self.started
+
+    def take(self) -> float:
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
+
+
 @contextmanager
 def off_the_clock(run: Run):
     """Time spent inside (evaluation) does not count in SPS."""

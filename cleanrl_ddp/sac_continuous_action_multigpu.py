@@ -10,7 +10,6 @@ critics, the actor and the entropy temperature are averaged across ranks. Every 
 import os
 import time
 from dataclasses import dataclass
-from functools import partial
 from typing import Literal, Optional
 
 import gymnasium as gym
@@ -223,73 +222,11 @@ def temperature_loss(actor, log_alpha, obs, target_entropy: float):
     return (-log_alpha.exp() * (log_pi + target_entropy)).mean()
 
 
-def critic_stages(qf_model, qf, qf_target, actor, q_optimizer, alpha, args: Args, world_size: int, critic_loss_fn):
-    """One step of the twin critics, as the stages of a `graphs.Update`: backward, all-reduce, Adam step. The first
-    returns the mean Q values and the losses, on the device."""
-
-    def critic_backward(data):
-        qf1_a_values, qf2_a_values, qf1_loss, qf2_loss = critic_loss_fn(
-            qf_model, qf_target, actor, **data, alpha=alpha, gamma=args.gamma
-        )
-        q_optimizer.zero_grad(set_to_none=False)
-        (qf1_loss + qf2_loss).backward()
-        return torch.stack((qf1_a_values.mean(), qf2_a_values.mean(), qf1_loss, qf2_loss)).detach()
-
-    def critic_step(_):
-        q_optimizer.step()
-
-    sync = all_reduce(qf.parameters(), world_size, args.grad_sync == "flat")
-    return graphs.optimizer_step(critic_backward, critic_step, sync, qf_model is not qf)
-
-
-def actor_stages(actor_model, actor, qf, actor_optimizer, alpha, args: Args, world_size: int, policy_loss_fn):
-    """One step of the actor, as the stages of a `graphs.Update`; the first returns its loss, on the device."""
-
-    def actor_backward(obs):
-        # CRUCIAL: the critics unwrapped and frozen: the actor's backward neither reaches their DDP hooks (an
-        # all-reduce the flat path would not make) nor leaves critic gradients
-        qf.requires_grad_(False)
-        actor_loss = policy_loss_fn(actor_model, qf, obs, alpha)
-        qf.requires_grad_(True)
-        actor_optimizer.zero_grad(set_to_none=False)
-        actor_loss.backward()
-        return actor_loss.detach().clone()  # a copy: under CUDA graphs the next compiled call reuses its memory
-
-    def actor_step(_):
-        actor_optimizer.step()
-
-    sync = all_reduce(actor.parameters(), world_size, args.grad_sync == "flat")
-    return graphs.optimizer_step(actor_backward, actor_step, sync, actor_model is not actor)
-
-
-def temperature_stages(actor, log_alpha, alpha, a_optimizer, world_size: int, target_entropy, temperature_loss_fn):
-    """One step of the entropy temperature, as the stages of a `graphs.Update`; `alpha` is updated in place."""
-
-    def temperature_backward(obs):
-        a_loss = temperature_loss_fn(actor, log_alpha, obs, target_entropy)
-        a_optimizer.zero_grad(set_to_none=False)
-        a_loss.backward()
-        return a_loss.detach()
-
-    def temperature_step(_):
-        a_optimizer.step()
-        with torch.no_grad():
-            alpha.copy_(log_alpha.exp())
-
-    # CRUCIAL: log_alpha is in no DDP wrapper: its gradient is averaged by hand (on both --grad-sync paths)
-    return graphs.optimizer_step(temperature_backward, temperature_step, all_reduce([log_alpha], world_size), False)
-
-
 @torch.no_grad()
 def soft_update(nets, targets, tau: float) -> None:
     """Polyak-average `targets` towards `nets` (tau x online + (1 - tau) x target) in one foreach lerp."""
     online = [p for net in nets for p in net.parameters()]
     torch._foreach_lerp_([p for target in targets for p in target.parameters()], online, tau)
-
-
-def all_reduce(params, world_size: int, flat: bool = True):
-    """The flat all-reduce of `params`' gradients, run between CUDA graphs; None at world size 1 and under DDP."""
-    return partial(all_reduce_gradients_flat, list(params), world_size) if world_size > 1 and flat else None
 
 
 def all_reduce_gradients_flat(params, world_size: int) -> None:
@@ -314,7 +251,7 @@ def main() -> None:
     rank, world_size, device = run.rank, run.world_size, run.device
     rt.check_env(args.env_id, make_env, gym.spaces.Box, hint="try Hopper-v5, HalfCheetah-v5 or Pendulum-v1")
     sizes = derive_sizes(args, world_size)
-    cudagraphs = graphs.enabled(args, run)  # --cudagraphs on CUDA: on the CPU the same functions run eagerly
+    capture = graphs.enabled(args, run)  # --cudagraphs on CUDA: on the CPU the same functions run eagerly
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = ckpt["global_step"] if ckpt else 0
     # the replay buffers are not saved: a resumed run refills them first, acting with the resumed actor
@@ -342,14 +279,13 @@ def main() -> None:
             dist.broadcast(tensor, src=0)
     qf_target = TwinQ(obs_dim, action_dim).to(device)
     qf_target.load_state_dict(qf.state_dict())  # a copy of the synchronised critics
-    # fused: one kernel per step for all parameters; capturable: a CUDA graph may hold the step (the same math)
-    q_optimizer = optim.Adam(qf.parameters(), lr=args.q_lr, fused=True, capturable=True)
-    actor_optimizer = optim.Adam(actor.parameters(), lr=args.policy_lr, fused=True, capturable=True)
+    # fused: one kernel per step for all parameters; the learning rates tensors, as a captured step reads them
+    q_optimizer = graphs.optimizer(optim.Adam, qf.parameters(), args.q_lr, device, fused=True)
+    actor_optimizer = graphs.optimizer(optim.Adam, actor.parameters(), args.policy_lr, device, fused=True)
     # Automatic entropy tuning (log_alpha starts at 0 on every rank; with --no-autotune it stays unused)
     target_entropy = -float(action_dim)
     log_alpha = torch.zeros(1, requires_grad=True, device=device)
-    a_optimizer = optim.Adam([log_alpha], lr=args.q_lr, fused=True, capturable=True)
-    graphs.keep_capturable(q_optimizer, actor_optimizer, a_optimizer)  # also after loading an older checkpoint
+    a_optimizer = graphs.optimizer(optim.Adam, [log_alpha], args.q_lr, device, fused=True)
     rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
     # every learned quantity by its checkpoint key: all must stay identical on every rank
     learned = dict(actor=actor, qf=qf, qf_target=qf_target, actor_optimizer=actor_optimizer)
@@ -372,26 +308,85 @@ def main() -> None:
     actor_model = DDP(actor, broadcast_buffers=False) if ddp else actor
     qf_model = DDP(qf) if ddp else qf
     # --compile: the losses and (AOTAutograd) their backward; CUDA graphs hold them (reduce-overhead) or the updates
-    compile_mode = "reduce-overhead" if run.on_cuda and not cudagraphs else None
+    compile_mode = "reduce-overhead" if run.on_cuda and not capture else None
     losses = (critic_loss, policy_loss, temperature_loss)
     critic_loss_fn, policy_loss_fn, temperature_loss_fn = (
         torch.compile(f, mode=compile_mode) if args.compile else f for f in losses
     )
-    # the updates, each one call (--cudagraphs: one CUDA graph at world size 1); the critics' with and without
-    # the Polyak update of the target critics
-    critic = critic_stages(qf_model, qf, qf_target, actor, q_optimizer, alpha, args, world_size, critic_loss_fn)
+    flat = world_size > 1 and args.grad_sync == "flat"
 
-    def update_targets(_):
+    def critic_backward(data):
+        qf1_a_values, qf2_a_values, qf1_loss, qf2_loss = critic_loss_fn(
+            qf_model, qf_target, actor, **data, alpha=alpha, gamma=args.gamma
+        )
+        q_optimizer.zero_grad(set_to_none=False)
+        (qf1_loss + qf2_loss).backward()
+        return torch.stack((qf1_a_values.mean(), qf2_a_values.mean(), qf1_loss, qf2_loss)).detach()
+
+    def critic_step():
+        q_optimizer.step()
+
+    def actor_backward(obs):
+        # CRUCIAL: the critics unwrapped and frozen: the actor's backward neither reaches their DDP hooks (an
+        # all-reduce the flat path would not make) nor leaves critic gradients
+        qf.requires_grad_(False)
+        actor_loss = policy_loss_fn(actor_model, qf, obs, alpha)
+        qf.requires_grad_(True)
+        actor_optimizer.zero_grad(set_to_none=False)
+        actor_loss.backward()
+        return actor_loss.detach().clone()  # a copy: under CUDA graphs the next compiled call reuses its memory
+
+    def actor_step():
+        actor_optimizer.step()
+
+    def temperature_backward(obs):
+        a_loss = temperature_loss_fn(actor, log_alpha, obs, target_entropy)
+        a_optimizer.zero_grad(set_to_none=False)
+        a_loss.backward()
+        return a_loss.detach()
+
+    def temperature_step():
+        a_optimizer.step()
+        with torch.no_grad():
+            alpha.copy_(log_alpha.exp())
+
+    def update_targets():
         soft_update([qf], [qf_target], args.tau)
 
-    critic_updates = [graphs.Update(cudagraphs, *critic), graphs.Update(cudagraphs, *critic, update_targets)]
-    stages = actor_stages(actor_model, actor, qf, actor_optimizer, alpha, args, world_size, policy_loss_fn)
-    if args.autotune:
-        stages += temperature_stages(
-            actor, log_alpha, alpha, a_optimizer, world_size, target_entropy, temperature_loss_fn
-        )
-    update_actor = graphs.Update(cudagraphs, *stages)
-    act = graphs.graphed(lambda obs: actor(obs)[0], cudagraphs)  # the unwrapped actor: acting is not through DDP
+    # --cudagraphs: each one CUDA graph replay. No collective runs inside a graph: across ranks each backward (eager
+    # under DDP, which all-reduces inside it) and each step are graphed apart, around the all-reduces
+    act = graphs.graphed(lambda obs: actor(obs)[0], capture)  # the unwrapped actor: acting is not through DDP
+    update_targets = graphs.graphed(update_targets, capture)
+    critic_backward = graphs.graphed(critic_backward, capture and flat)
+    actor_backward = graphs.graphed(actor_backward, capture and flat)
+    temperature_backward = graphs.graphed(temperature_backward, capture and world_size > 1)  # log_alpha: no DDP
+    critic_step = graphs.graphed(critic_step, capture and world_size > 1)
+    actor_step = graphs.graphed(actor_step, capture and world_size > 1)
+    temperature_step = graphs.graphed(temperature_step, capture and world_size > 1)
+
+    def update_critics(data):
+        critic_stats = critic_backward(data)
+        if flat:
+            all_reduce_gradients_flat(qf.parameters(), world_size)
+        critic_step()
+        return critic_stats
+
+    def update_actor(obs):
+        actor_loss = actor_backward(obs)
+        if flat:
+            all_reduce_gradients_flat(actor.parameters(), world_size)
+        actor_step()
+        if not args.autotune:
+            return (actor_loss,)
+        alpha_loss = temperature_backward(obs)
+        # CRUCIAL: log_alpha is in no DDP wrapper: its gradient is averaged by hand (on both --grad-sync paths)
+        all_reduce_gradients_flat([log_alpha], world_size)
+        temperature_step()
+        return actor_loss, alpha_loss
+
+    # at world size 1 each update is one graph
+    update_critics = graphs.graphed(update_critics, capture and world_size == 1)
+    update_actor = graphs.graphed(update_actor, capture and world_size == 1)
 
     # the envs are not saved: a resumed run seeds them past the earlier attempts' seeds
     obs, _ = envs.reset(seed=args.seed + rank * n + (start_iteration - 1) * sizes.num_envs)
@@ -435,8 +430,7 @@ def main() -> None:
             update_start = time.perf_counter()
             for _ in range(args.updates_per_iteration):
                 data = rb.sample(args.local_batch_size)
-                targets = (num_updates + 1) % args.target_network_frequency == 0
-                (critic_stats,) = critic_updates[targets](data)
+                critic_stats = update_critics(data)
                 num_updates += 1
                 sums["updates"] += 1
                 for k, v in zip(loss_names[:4], critic_stats, strict=True):
@@ -449,6 +443,9 @@ def main() -> None:
                         sums["actor_updates"] += 1
                         for k, v in zip(loss_names[4:], actor_stats, strict=False):  # no alpha_loss if --no-autotune
                             sums[k] += v.double()
+
+                if num_updates % args.target_network_frequency == 0:
+                    update_targets()
             update_seconds += time.perf_counter() - update_start
 
         # metrics of ALL ranks, by name in one all-reduce

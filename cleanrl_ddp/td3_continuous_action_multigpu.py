@@ -10,7 +10,6 @@ critics and the actor are averaged across ranks. Every schedule follows the GLOB
 import os
 import time
 from dataclasses import dataclass
-from functools import partial
 from typing import Literal, Optional
 
 import gymnasium as gym
@@ -203,61 +202,11 @@ def policy_loss(actor_model, qf, obs):
     return -qf1_pi.mean()
 
 
-def critic_stages(qf_model, qf, qf_target, target_actor, q_optimizer, args: Args, world_size: int, critic_loss_fn):
-    """One step of the twin critics, as the stages of a `graphs.Update`: backward, all-reduce, Adam step. The first
-    returns the mean Q values and the losses, on the device."""
-
-    def critic_backward(data):
-        qf1_a_values, qf2_a_values, qf1_loss, qf2_loss = critic_loss_fn(
-            qf_model, qf_target, target_actor, **data, args=args
-        )
-        q_optimizer.zero_grad(set_to_none=False)
-        (qf1_loss + qf2_loss).backward()
-        return torch.stack((qf1_a_values.mean(), qf2_a_values.mean(), qf1_loss, qf2_loss)).detach()
-
-    def critic_step(_):
-        q_optimizer.step()
-
-    sync = all_reduce(qf.parameters(), world_size, args.grad_sync == "flat")
-    return graphs.optimizer_step(critic_backward, critic_step, sync, qf_model is not qf)
-
-
-def actor_stages(
-    actor_model, actor, qf, target_actor, qf_target, actor_optimizer, args: Args, world_size, policy_loss_fn
-):
-    """One step of the actor, then the Polyak update of both target networks, as the stages of a `graphs.Update`;
-    the first returns the actor's loss, on the device."""
-
-    def actor_backward(obs):
-        # CRUCIAL: the critics unwrapped and frozen: the actor's backward neither reaches their DDP hooks (an
-        # all-reduce the flat path would not make) nor leaves critic gradients
-        qf.requires_grad_(False)
-        actor_loss = policy_loss_fn(actor_model, qf, obs)
-        qf.requires_grad_(True)
-        actor_optimizer.zero_grad(set_to_none=False)
-        actor_loss.backward()
-        return actor_loss.detach()
-
-    def actor_step(_):
-        actor_optimizer.step()
-
-    def update_targets(_):
-        soft_update([actor, qf], [target_actor, qf_target], args.tau)
-
-    sync = all_reduce(actor.parameters(), world_size, args.grad_sync == "flat")
-    return [*graphs.optimizer_step(actor_backward, actor_step, sync, actor_model is not actor), update_targets]
-
-
 @torch.no_grad()
 def soft_update(nets, targets, tau: float) -> None:
     """Polyak-average `targets` towards `nets` (tau x online + (1 - tau) x target) in one foreach lerp."""
     online = [p for net in nets for p in net.parameters()]
     torch._foreach_lerp_([p for target in targets for p in target.parameters()], online, tau)
-
-
-def all_reduce(params, world_size: int, flat: bool = True):
-    """The flat all-reduce of `params`' gradients, run between CUDA graphs; None at world size 1 and under DDP."""
-    return partial(all_reduce_gradients_flat, list(params), world_size) if world_size > 1 and flat else None
 
 
 def all_reduce_gradients_flat(params, world_size: int) -> None:
@@ -282,7 +231,7 @@ def main() -> None:
     rank, world_size, device = run.rank, run.world_size, run.device
     rt.check_env(args.env_id, make_env, gym.spaces.Box, hint="try Hopper-v5, HalfCheetah-v5 or Pendulum-v1")
     sizes = derive_sizes(args, world_size)
-    cudagraphs = graphs.enabled(args, run)  # --cudagraphs on CUDA: on the CPU the same functions run eagerly
+    capture = graphs.enabled(args, run)  # --cudagraphs on CUDA: on the CPU the same functions run eagerly
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = ckpt["global_step"] if ckpt else 0
     # the replay buffers are not saved: a resumed run refills them first, acting with the resumed actor
@@ -311,10 +260,9 @@ def main() -> None:
     target_actor, qf_target = Actor(**agent_kwargs).to(device), TwinQ(obs_dim, action_dim).to(device)
     target_actor.load_state_dict(actor.state_dict())  # copies of the synchronised networks
     qf_target.load_state_dict(qf.state_dict())
-    # fused: one kernel per step for all parameters; capturable: a CUDA graph may hold the step (the same math)
-    q_optimizer = optim.Adam(qf.parameters(), lr=args.learning_rate, fused=True, capturable=True)
-    actor_optimizer = optim.Adam(actor.parameters(), lr=args.learning_rate, fused=True, capturable=True)
-    graphs.keep_capturable(q_optimizer, actor_optimizer)  # also after loading an older checkpoint
+    # fused: one kernel per step for all parameters; the learning rates tensors, as a captured step reads them
+    q_optimizer = graphs.optimizer(optim.Adam, qf.parameters(), args.learning_rate, device, fused=True)
+    actor_optimizer = graphs.optimizer(optim.Adam, actor.parameters(), args.learning_rate, device, fused=True)
     rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
     # every learned quantity by its checkpoint key: all must stay identical on every rank
     learned = dict(actor=actor, target_actor=target_actor, qf=qf, qf_target=qf_target)
@@ -333,19 +281,63 @@ def main() -> None:
     actor_model = DDP(actor, broadcast_buffers=False) if ddp else actor
     qf_model = DDP(qf) if ddp else qf
     # --compile: the losses and (AOTAutograd) their backward; CUDA graphs hold them (reduce-overhead) or the updates
-    compile_mode = "reduce-overhead" if run.on_cuda and not cudagraphs else None
+    compile_mode = "reduce-overhead" if run.on_cuda and not capture else None
     critic_loss_fn, policy_loss_fn = (
         torch.compile(f, mode=compile_mode) if args.compile else f for f in (critic_loss, policy_loss)
     )
-    # the updates, each one call (--cudagraphs: one CUDA graph at world size 1)
-    stages = critic_stages(qf_model, qf, qf_target, target_actor, q_optimizer, args, world_size, critic_loss_fn)
-    update_critics = graphs.Update(cudagraphs, *stages)
-    stages = actor_stages(
-        actor_model, actor, qf, target_actor, qf_target, actor_optimizer, args, world_size, policy_loss_fn
-    )
-    update_actor = graphs.Update(cudagraphs, *stages)
+    flat = world_size > 1 and args.grad_sync == "flat"
+
+    def critic_backward(data):
+        qf1_a_values, qf2_a_values, qf1_loss, qf2_loss = critic_loss_fn(
+            qf_model, qf_target, target_actor, **data, args=args
+        )
+        q_optimizer.zero_grad(set_to_none=False)
+        (qf1_loss + qf2_loss).backward()
+        return torch.stack((qf1_a_values.mean(), qf2_a_values.mean(), qf1_loss, qf2_loss)).detach()
+
+    def critic_step():
+        q_optimizer.step()
+
+    def actor_backward(obs):
+        # CRUCIAL: the critics unwrapped and frozen: the actor's backward neither reaches their DDP hooks (an
+        # all-reduce the flat path would not make) nor leaves critic gradients
+        qf.requires_grad_(False)
+        actor_loss = policy_loss_fn(actor_model, qf, obs)
+        qf.requires_grad_(True)
+        actor_optimizer.zero_grad(set_to_none=False)
+        actor_loss.backward()
+        return actor_loss.detach()
+
+    def actor_step_and_targets():
+        actor_optimizer.step()
+        soft_update([actor, qf], [target_actor, qf_target], args.tau)
+
+    # --cudagraphs: each one CUDA graph replay. No collective runs inside a graph: across ranks each backward (eager
+    # under DDP, which all-reduces inside it) and each step are graphed apart, around the all-reduce
     # the exploring action is evaluation's sampled one: the unwrapped actor (acting is not through DDP) plus noise
-    act = graphs.graphed(lambda obs: eval_action(actor, obs, False, None, args), cudagraphs)
+    act = graphs.graphed(lambda obs: eval_action(actor, obs, False, None, args), capture)
+    critic_backward = graphs.graphed(critic_backward, capture and flat)
+    actor_backward = graphs.graphed(actor_backward, capture and flat)
+    critic_step = graphs.graphed(critic_step, capture and world_size > 1)
+    actor_step_and_targets = graphs.graphed(actor_step_and_targets, capture and world_size > 1)
+
+    def update_critics(data):
+        critic_stats = critic_backward(data)
+        if flat:
+            all_reduce_gradients_flat(qf.parameters(), world_size)
+        critic_step()
+        return critic_stats
+
+    def update_actor(obs):  # then the target networks
+        actor_loss = actor_backward(obs)
+        if flat:
+            all_reduce_gradients_flat(actor.parameters(), world_size)
+        actor_step_and_targets()
+        return actor_loss
+
+    # at world size 1 each update is one graph
+    update_critics = graphs.graphed(update_critics, capture and world_size == 1)
+    update_actor = graphs.graphed(update_actor, capture and world_size == 1)
 
     # the envs are not saved: a resumed run seeds them past the earlier attempts' seeds
     obs, _ = envs.reset(seed=args.seed + rank * n + (start_iteration - 1) * sizes.num_envs)
@@ -389,14 +381,14 @@ def main() -> None:
             update_start = time.perf_counter()
             for _ in range(args.updates_per_iteration):
                 data = rb.sample(args.local_batch_size)
-                (critic_stats,) = update_critics(data)
+                critic_stats = update_critics(data)
                 num_updates += 1
                 sums["updates"] += 1
                 for k, v in zip(loss_names, critic_stats, strict=True):
                     sums[k] += v.double()
 
                 if num_updates % args.policy_frequency == 0:  # TD3's delayed update, then the target networks
-                    (actor_loss,) = update_actor(data["obs"])
+                    actor_loss = update_actor(data["obs"])
                     num_actor_updates += 1
                     sums["actor_updates"] += 1
                     sums["actor_loss"] += actor_loss.double()

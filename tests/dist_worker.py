@@ -43,7 +43,6 @@ import numpy as np
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from cleanrl_ddp import graphs
 from cleanrl_ddp.runtime import RunError, check_replicas_in_sync
 
 
@@ -92,16 +91,16 @@ class ScriptSpec:
     """the functions --cudagraphs captures (tests/graph_capture.py, `captured_runs`), by run: "1" (world size 1), and
     "ddp" and "flat" where the unit launch also runs it on 2 ranks; empty: the script has no --cudagraphs path"""
     capture_flags: list = field(default_factory=list)
-    """flags of the --cudagraphs runs (tests/graph_capture.py): every function replays at least once, and a float32
-    learning rate (2**-12, 4 iterations), so that the runs with and without the flag can be compared bitwise"""
+    """flags of the --cudagraphs runs (tests/graph_capture.py), at the script's default learning rate: every function
+    replays at least once"""
     capture_timesteps: int = 0
     """--total-timesteps of the world-size-1 --cudagraphs run (twice that on 2 ranks)"""
 
 
 # the --cudagraphs runs of the PPO and PQN scripts: 4 iterations of 2 envs x 8 steps per rank, 2 minibatches (GAE
-# replays once, the update 5 times), and a float32 learning rate (2**-12), so that they compare bitwise with eager
+# replays once, the update 5 times), at the default learning rate
 PPO_CAPTURE = ["--local-num-envs", "2", "--num-steps", "8", "--num-minibatches", "2", "--update-epochs", "1"]
-PPO_CAPTURE += ["--checkpoint-every", "0", "--learning-rate", "0.000244140625"]
+PPO_CAPTURE += ["--checkpoint-every", "0"]
 # SAC's and TD3's --cudagraphs runs: as `tiny`, on Pendulum-v1 with updates from global step 32
 OFF_POLICY_CAPTURE = ["--env-id", "Pendulum-v1", "--local-num-envs", "1", "--buffer-size", "240", "--learning-starts"]
 OFF_POLICY_CAPTURE += ["32", "--local-batch-size", "8", "--updates-per-iteration", "2", "--log-every", "8"]
@@ -118,7 +117,7 @@ SCRIPTS = {
             local_batch=32,
             target_kl=["--update-epochs", "8", "--learning-rate", "0.01", "--target-kl", "0.003"],
             two_nodes=True,
-            captured={"1": ("policy_step", "advantages_and_returns", "minibatch_backward+clip_and_step")},
+            captured={"1": ("policy_step", "advantages_and_returns", "update")},
             capture_flags=PPO_CAPTURE,
             capture_timesteps=4 * 2 * 8,
         ),
@@ -134,13 +133,13 @@ SCRIPTS = {
             compiled=("ppo_loss",),
             compile_timesteps=64,  # one iteration: 4 minibatch updates
             captured={
-                "1": ("policy_step", "advantages_and_returns", "minibatch_backward+clip_and_step"),
+                "1": ("policy_step", "advantages_and_returns", "update"),
                 "flat": ("policy_step", "advantages_and_returns", "minibatch_backward", "clip_and_step"),
                 "ddp": ("policy_step", "advantages_and_returns", "clip_and_step"),  # DDP all-reduces in backward
             },
             # 4 iterations of 2 envs x 8 steps per rank, 2 minibatches: GAE replays once, the update 5 times
             capture_flags=["--local-num-envs", "2", "--num-steps", "8", "--num-minibatches", "2", "--update-epochs"]
-            + ["1", "--learning-rate", "0.000244140625", "--checkpoint-every", "0"],
+            + ["1", "--checkpoint-every", "0"],
             capture_timesteps=4 * 2 * 8,
         ),
         ScriptSpec(
@@ -155,12 +154,9 @@ SCRIPTS = {
             # world sizes are that script's (same functions), so one whole run, ddp on 2 ranks, covers the rollout
             whole_runs=(("ddp", 2),),
             # --cudagraphs at world size 1 only: its 2-rank update is ppo_atari_multigpu.py's, checked there
-            captured={
-                "1": ("policy_step(h=0)", "policy_step(h=1)", "advantages_and_returns")
-                + ("minibatch_backward+clip_and_step",)
-            },
+            captured={"1": ("policy_step(h=0)", "policy_step(h=1)", "advantages_and_returns", "update")},
             capture_flags=["--local-num-envs", "2", "--num-steps", "8", "--num-minibatches", "2", "--update-epochs"]
-            + ["1", "--learning-rate", "0.000244140625", "--checkpoint-every", "0"],
+            + ["1", "--checkpoint-every", "0"],
             capture_timesteps=4 * 2 * 8,
         ),
         ScriptSpec(
@@ -172,7 +168,7 @@ SCRIPTS = {
             + ["--num-minibatches", "2", "--update-epochs", "2"],
             local_batch=32,
             target_kl=["--update-epochs", "8", "--learning-rate", "0.01", "--target-kl", "0.003"],
-            captured={"1": ("policy_step", "advantages_and_returns", "minibatch_backward+clip_and_step")},
+            captured={"1": ("policy_step", "advantages_and_returns", "update")},
             capture_flags=["--env-id", "InvertedPendulum-v5", *PPO_CAPTURE],
             capture_timesteps=4 * 2 * 8,
         ),
@@ -215,7 +211,7 @@ SCRIPTS = {
             local_batch=32,
             pqn=True,
             captured={"1": ("policy_step", "lambda_returns")},  # --cudagraphs: the update stays eager
-            capture_flags=PPO_CAPTURE[:-2],  # RAdam's rate is read on the host: any rate compares bitwise
+            capture_flags=PPO_CAPTURE,
             capture_timesteps=4 * 2 * 8,
         ),
         ScriptSpec(
@@ -253,11 +249,10 @@ SCRIPTS = {
             # each update whole at world size 1, cut at its all-reduces at 2 ranks: flat between the backward and the
             # step, DDP inside the backward, which then runs eagerly (the action choice is the lambda)
             captured={
-                "1": ("<lambda>", "critic_backward+critic_step+update_targets")
-                + ("actor_backward+actor_step+temperature_backward+temperature_step",),
-                "flat": ("<lambda>", "critic_backward", "critic_step+update_targets", "actor_backward")
-                + ("actor_step+temperature_backward", "temperature_step"),
-                "ddp": ("<lambda>", "critic_step+update_targets", "actor_step+temperature_backward")
+                "1": ("<lambda>", "update_targets", "update_critics", "update_actor"),
+                "flat": ("<lambda>", "update_targets", "critic_backward", "actor_backward", "temperature_backward")
+                + ("critic_step", "actor_step", "temperature_step"),
+                "ddp": ("<lambda>", "update_targets", "temperature_backward", "critic_step", "actor_step")
                 + ("temperature_step",),
             },
             capture_flags=OFF_POLICY_CAPTURE,
@@ -280,9 +275,9 @@ SCRIPTS = {
             compiled=("critic_loss", "policy_loss"),
             compile_timesteps=36,  # updates at global steps 34 and 36: 4 critic and 2 actor steps
             captured={
-                "1": ("<lambda>", "critic_backward+critic_step", "actor_backward+actor_step+update_targets"),
-                "flat": ("<lambda>", "critic_backward", "critic_step", "actor_backward", "actor_step+update_targets"),
-                "ddp": ("<lambda>", "critic_step", "actor_step+update_targets"),
+                "1": ("<lambda>", "update_critics", "update_actor"),
+                "flat": ("<lambda>", "critic_backward", "actor_backward", "critic_step", "actor_step_and_targets"),
+                "ddp": ("<lambda>", "critic_step", "actor_step_and_targets"),
             },
             capture_flags=OFF_POLICY_CAPTURE,
             capture_timesteps=44,  # 6 iterations with updates: 6 actions, 12 critic and 6 actor steps
@@ -445,11 +440,11 @@ def unit_script(script_path: str, rank: int, world_size: int) -> dict:
 def unit_sac(script_path: str, rank: int, world_size: int) -> dict:
     """SAC's updates on 2 ranks (DDP and flat) against one process on the union of the local minibatches.
 
-    The script's own update stages (critic_stages, actor_stages, temperature_stages, soft_update), composed as its
-    main() composes them: a critic update with the Polyak update of the target critics; after every
-    `policy_frequency`-th one that many actor (and temperature) updates. The actor's Gaussian noise is a fixed
-    table indexed by (actor call, sample id), the id carried in observation feature 0, so both sides draw the same
-    noise per sample.
+    The script's losses (critic_loss, policy_loss, temperature_loss), soft_update and all_reduce_gradients_flat, in
+    the order of its main()'s update functions: a critic update; after every `policy_frequency`-th one that many
+    actor and temperature updates; then the Polyak update of the target critics. The actor's Gaussian noise is a
+    fixed table indexed by (actor call, sample id), the id carried in observation feature 0, so both sides draw the
+    same noise per sample.
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -490,47 +485,52 @@ def unit_sac(script_path: str, rank: int, world_size: int) -> dict:
         log_alpha = torch.zeros(1, requires_grad=True)
         a_optimizer = torch.optim.Adam([log_alpha], lr=args.q_lr)
         alpha, ws = log_alpha.detach().exp(), world_size if distributed else 1
-        run_args = dataclasses.replace(args, grad_sync=grad_sync)
         grads = dict(qf=[], actor=[], log_alpha=[])
         losses = (mod.critic_loss, mod.policy_loss, mod.temperature_loss)
         for name, opt in (("qf", q_optimizer), ("actor", actor_optimizer), ("log_alpha", a_optimizer)):
             opt.register_step_pre_hook(record_grads(grads[name]))  # its (averaged) gradients, as its step sees them
-        critic_grads_touched = False
         calls[0] = 0
-        # the updates as main() builds them: the critics' stages and the target critics' Polyak update; the actor's
-        # and the temperature's stages (graphs.Update, eager here as on every CPU)
-        stages = mod.critic_stages(qf_model, qf, qf_target, actor, q_optimizer, alpha, run_args, ws, losses[0])
-        update_critics = graphs.Update(False, *stages, lambda _: mod.soft_update([qf], [qf_target], args.tau))
-        stages = mod.actor_stages(actor_model, actor, qf, actor_optimizer, alpha, run_args, ws, losses[1])
-        stages += mod.temperature_stages(actor, log_alpha, alpha, a_optimizer, ws, -float(action_dim), losses[2])
-        update_actor = graphs.Update(False, *stages)
+        flat = distributed and grad_sync == "flat"
+
+        def step(optimizer, loss, params):  # as main()'s update functions: backward, the flat all-reduce, step
+            optimizer.zero_grad(set_to_none=False)
+            loss.backward()
+            if flat or params == [log_alpha]:  # log_alpha is in no DDP wrapper: averaged by hand on both paths
+                mod.all_reduce_gradients_flat(params, ws)
+            optimizer.step()
+
         for k in range(num_updates):
             start = k * world_size * local_mb + (rank * local_mb if distributed else 0)
             rows = slice(start, start + (local_mb if distributed else world_size * local_mb))
             data = {key: t[rows] for key, t in batch.items()}
-            update_critics(data)
-            critic_grads = flat_params(p.grad for p in qf.parameters())
+            *_, qf1_loss, qf2_loss = losses[0](qf_model, qf_target, actor, **data, alpha=alpha, gamma=args.gamma)
+            step(q_optimizer, qf1_loss + qf2_loss, list(qf.parameters()))
             if (k + 1) % args.policy_frequency == 0:
                 for _ in range(args.policy_frequency):
-                    update_actor(data["obs"])
-                    # the actor's backward leaves the critics' gradients as the critic update left them
-                    critic_grads_touched |= not torch.equal(flat_params(p.grad for p in qf.parameters()), critic_grads)
+                    qf.requires_grad_(False)  # as main(): the critics frozen in the actor's loss
+                    actor_loss = losses[1](actor_model, qf, data["obs"], alpha)
+                    qf.requires_grad_(True)
+                    step(actor_optimizer, actor_loss, list(actor.parameters()))
+                    alpha_loss = losses[2](actor, log_alpha, data["obs"], -float(action_dim))
+                    step(a_optimizer, alpha_loss, [log_alpha])
+                    with torch.no_grad():
+                        alpha.copy_(log_alpha.exp())
+            mod.soft_update([qf], [qf_target], args.tau)
         hook.remove()
         final = dict(qf=flat_params(qf.parameters()), actor=flat_params(actor.parameters()))
         final |= dict(log_alpha=log_alpha.detach().clone(), qf_target=flat_params(qf_target.parameters()))
-        return grads, final, critic_grads_touched
+        return grads, final
 
     torch.randn = table_randn
     try:
-        ref_grads, ref_final, _ = run("ddp", distributed=False)
+        ref_grads, ref_final = run("ddp", distributed=False)
         start = dict(qf=flat_params(qf0.parameters()), actor=flat_params(actor0.parameters()))
         start |= dict(log_alpha=torch.zeros(1), qf_target=start["qf"])
         out = dict(script=spec.script, rank=rank, world_size=world_size, noise_calls=calls[0])
         finals = {}
         for grad_sync in ("ddp", "flat"):
-            grads, final, touched = run(grad_sync, distributed=True)
+            grads, final = run(grad_sync, distributed=True)
             finals[grad_sync] = final
-            out[f"{grad_sync}_critic_grads_touched_by_actor"] = touched
             for name in ("qf", "actor", "log_alpha"):
                 out[f"{grad_sync}_{name}_grad_rel_err"] = [
                     rel_err(a, b) for a, b in zip(grads[name], ref_grads[name], strict=True)
@@ -551,10 +551,10 @@ def unit_sac(script_path: str, rank: int, world_size: int) -> dict:
 def unit_td3(script_path: str, rank: int, world_size: int) -> dict:
     """TD3's updates on 2 ranks (DDP and flat) against one process on the union of the local minibatches.
 
-    The script's own update stages (critic_stages, actor_stages), composed as its main() composes them: a critic
-    update; after every `policy_frequency`-th one an actor update with the Polyak update of the target actor and
-    critics. The target policy smoothing noise is a fixed table indexed by the transition's row in the global batch,
-    so both sides draw the same noise for the same transition.
+    The script's losses (critic_loss, policy_loss), soft_update and all_reduce_gradients_flat, in the order of its
+    main()'s update functions: a critic update; after every `policy_frequency`-th one an actor update with the
+    Polyak update of the target actor and critics. The target policy smoothing noise is a fixed table indexed by the
+    transition's row in the global batch, so both sides draw the same noise for the same transition.
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -585,46 +585,48 @@ def unit_td3(script_path: str, rank: int, world_size: int) -> dict:
         qf_model = DDP(qf) if ddp else qf
         q_optimizer = torch.optim.Adam(qf.parameters(), lr=args.learning_rate)
         actor_optimizer = torch.optim.Adam(actor.parameters(), lr=args.learning_rate)
-        ws, run_args = world_size if distributed else 1, dataclasses.replace(args, grad_sync=grad_sync)
+        ws = world_size if distributed else 1
         grads = dict(qf=[], actor=[])
         critic_loss, policy_loss = mod.critic_loss, mod.policy_loss
         for name, opt in (("qf", q_optimizer), ("actor", actor_optimizer)):
             opt.register_step_pre_hook(record_grads(grads[name]))  # its (averaged) gradients, as its step sees them
-        critic_grads_touched = False
         calls[0] = 0
-        # the updates as main() builds them (graphs.Update, eager here as on every CPU)
-        stages = mod.critic_stages(qf_model, qf, qf_target, target_actor, q_optimizer, run_args, ws, critic_loss)
-        update_critics = graphs.Update(False, *stages)
-        stages = mod.actor_stages(
-            actor_model, actor, qf, target_actor, qf_target, actor_optimizer, run_args, ws, policy_loss
-        )
-        update_actor = graphs.Update(False, *stages)
+
+        def step(optimizer, loss, params):  # as main()'s update functions: backward, the flat all-reduce, step
+            optimizer.zero_grad(set_to_none=False)
+            loss.backward()
+            if distributed and grad_sync == "flat":
+                mod.all_reduce_gradients_flat(params, ws)
+            optimizer.step()
+
         for k in range(num_updates):
             start = k * world_size * local_mb + (rank * local_mb if distributed else 0)
             rows[0] = slice(start, start + (local_mb if distributed else world_size * local_mb))
             data = {key: t[rows[0]] for key, t in batch.items()}
-            update_critics(data)
-            critic_grads = flat_params(p.grad for p in qf.parameters())
+            *_, qf1_loss, qf2_loss = critic_loss(qf_model, qf_target, target_actor, **data, args=args)
+            step(q_optimizer, qf1_loss + qf2_loss, list(qf.parameters()))
             if (k + 1) % args.policy_frequency == 0:  # the actor, then both target networks
-                update_actor(data["obs"])
-                critic_grads_touched |= not torch.equal(flat_params(p.grad for p in qf.parameters()), critic_grads)
+                qf.requires_grad_(False)  # as main(): the critics frozen in the actor's loss
+                actor_loss = policy_loss(actor_model, qf, data["obs"])
+                qf.requires_grad_(True)
+                step(actor_optimizer, actor_loss, list(actor.parameters()))
+                mod.soft_update([actor, qf], [target_actor, qf_target], args.tau)
         final = dict(qf=flat_params(qf.parameters()), actor=flat_params(actor.parameters()))
         final |= dict(
             qf_target=flat_params(qf_target.parameters()), target_actor=flat_params(target_actor.parameters())
         )
-        return grads, final, critic_grads_touched
+        return grads, final
 
     torch.randn = table_randn
     try:
-        ref_grads, ref_final, _ = run("ddp", distributed=False)
+        ref_grads, ref_final = run("ddp", distributed=False)
         start = dict(qf=flat_params(qf0.parameters()), actor=flat_params(actor0.parameters()))
         start |= dict(qf_target=start["qf"], target_actor=start["actor"])
         out = dict(script=spec.script, rank=rank, world_size=world_size, noise_calls=calls[0])
         finals = {}
         for grad_sync in ("ddp", "flat"):
-            grads, final, touched = run(grad_sync, distributed=True)
+            grads, final = run(grad_sync, distributed=True)
             finals[grad_sync] = final
-            out[f"{grad_sync}_critic_grads_touched_by_actor"] = touched
             for name in ("qf", "actor"):
                 out[f"{grad_sync}_{name}_grad_rel_err"] = [
                     rel_err(a, b) for a, b in zip(grads[name], ref_grads[name], strict=True)

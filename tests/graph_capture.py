@@ -2,7 +2,8 @@
 changes nothing.
 
 `graphed_run(script_path, argv)` runs the script's real `main()` with `argv` and `--cudagraphs` in this process,
-with `cleanrl_ddp.graphs.graphed` replaced by `Recorder`: a stand-in for tensordict's `CudaGraphModule` that
+with `cleanrl_ddp.graphs.enabled` answering as on a GPU (the flag) and every function that the script then passes to
+`cleanrl_ddp.graphs.graphed` to capture wrapped in `Recorder`: a stand-in for tensordict's `CudaGraphModule` that
 keeps its data flow on the CPU and checks, call by call, what a CUDA graph would replay wrongly or not at all:
 
 - like `CudaGraphModule`, its first `warmup - 1` calls run the function as is; the next ("capture") runs it on
@@ -222,9 +223,8 @@ def differences(a: dict, b: dict) -> list[str]:
 
 
 def recording_graphed(fn, enabled: bool):
-    """`graphs.graphed` in a --cudagraphs run, on any device: a Recorder of what a CUDA device would capture (a script
-    passes `graphs.graphed` only what it captures: `enabled` is False on the CPU)."""
-    return Recorder(fn, graphs.WARMUP)
+    """`graphs.graphed` in a --cudagraphs run, on any device: a Recorder of what a CUDA device would capture."""
+    return Recorder(fn, graphs.WARMUP) if enabled else fn
 
 
 def import_script(script_path: str):
@@ -238,20 +238,22 @@ def import_script(script_path: str):
 
 @contextlib.contextmanager
 def recording():
-    """`graphs.graphed` replaced by `recording_graphed`, and every optimizer made meanwhile noted."""
+    """`graphs.enabled` answering as on a GPU, `graphs.graphed` replaced by `recording_graphed`, and every optimizer
+    made meanwhile noted."""
     REPORT.functions.clear()
     REPORT.optimizers.clear()
-    graphed, optimizer_init = graphs.graphed, torch.optim.Optimizer.__init__
+    enabled, graphed, optimizer_init = graphs.enabled, graphs.graphed, torch.optim.Optimizer.__init__
 
     def init(self, *args, **kwargs):
         optimizer_init(self, *args, **kwargs)
         REPORT.optimizers.append(self)
 
     graphs.graphed, torch.optim.Optimizer.__init__ = recording_graphed, init
+    graphs.enabled = lambda args, run: args.cudagraphs  # a GPU's answer: the script then graphs what it would there
     try:
         yield REPORT
     finally:
-        graphs.graphed, torch.optim.Optimizer.__init__ = graphed, optimizer_init
+        graphs.enabled, graphs.graphed, torch.optim.Optimizer.__init__ = enabled, graphed, optimizer_init
 
 
 def run_main(script_path: str, argv: list) -> str | None:

@@ -22,7 +22,8 @@
 - **shapes**: operations whose output shape depends on the data (the host must read a count):
   `nonzero`, `masked_select`, `unique`, boolean-mask indexing and assignment.
 
-Captured calls. Every function that `--cudagraphs` captures on a GPU (`graphs.graphed`, eager here) is watched:
+Captured calls. Every function that `--cudagraphs` captures on a GPU (`graphs.graphed` where the script enables it,
+`graphs.enabled` taken as a GPU's: the flag; eager here) is watched:
 a wait of any kind while one runs belongs to the phase `captured`, counted per call, the optimizers' reads
 included (a captured `step()` must keep its counters on the device), whichever phase its line would give.
 
@@ -274,6 +275,9 @@ def _patches(rec: _Recorder, device: torch.device):
         return orig_log(*args, **kwargs)
 
     def graphed(fn, enabled):
+        if not enabled:
+            return fn
+
         def captured(*args, **kwargs):
             rec.events.append(("call",))
             rec.captured += 1
@@ -301,6 +305,7 @@ def _patches(rec: _Recorder, device: torch.device):
         (AtariVectorEnv, "send", atari_send),
         (rt, "log", log),
         (graphs, "graphed", graphed),
+        (graphs, "enabled", lambda args, run: args.cudagraphs),  # as on a GPU: what the script would capture there
     ]
 
 

@@ -1,9 +1,9 @@
-"""--cudagraphs on the CPU (docs/correctness.md, `--cudagraphs`): cleanrl_ddp/graphs.py's pieces (the one rule that
-cuts an update at its collectives, the learning rate a graph reads, SAC's and TD3's Polyak update as one foreach
-lerp), and each script's real main() at world size 1 with every function it would capture recorded by
-tests/graph_capture.py (no host read, no collective, no tensor made anew between calls, nothing the graph needs made
-inside the capture or moved after it), its final checkpoint bitwise the eager run's. The 2-rank runs are in the unit
-launch of tests/test_distributed_correctness.py."""
+"""--cudagraphs on the CPU (docs/correctness.md, `--cudagraphs`): cleanrl_ddp/graphs.py's pieces (the learning rate a
+graph reads, SAC's and TD3's Polyak update as one foreach lerp), and each script's real main() at world size 1 and
+its default learning rate with every function it would capture recorded by tests/graph_capture.py (no host read, no
+collective, no tensor made anew between calls, nothing the graph needs made inside the capture or moved after it),
+its final checkpoint bitwise the eager run's. The 2-rank runs are in the unit launch of
+tests/test_distributed_correctness.py."""
 
 import json
 import subprocess
@@ -31,25 +31,27 @@ def test_graphed_is_the_function_itself_when_not_capturing():
     assert graphs.graphed(f, False) is f  # the scripts pass --cudagraphs and CUDA: False on the CPU
 
 
-def test_optimizer_keeps_its_learning_rate_tensor_and_saves_plain_checkpoints():
-    """With the flag the learning rate is a float32 tensor that `set_lr` writes in place; a checkpoint holds a float
-    and `capturable` False (as an eager run's), and loading any checkpoint keeps this optimizer's tensor."""
+def test_the_learning_rate_is_a_tensor_in_every_run_and_checkpoints_hold_a_float():
+    """The rate is a float32 tensor with the flag and without it (so both paths compute the same bits), written in
+    place by `set_lr`; a checkpoint holds a float and `capturable` False, as a plain optimizer's, and a plain
+    optimizer's checkpoint (an older run's) loads with this optimizer's tensor and the saved state kept."""
     w = torch.nn.Parameter(torch.ones(3))
-    eager = graphs.optimizer(torch.optim.Adam, [w], 1e-3, False, torch.device("cpu"), fused=True)
-    opt = graphs.optimizer(torch.optim.Adam, [w], 1e-3, True, torch.device("cpu"), fused=True)
+    opt = graphs.optimizer(torch.optim.Adam, [w], 1e-3, torch.device("cpu"), fused=True)
     rate = opt.param_groups[0]["lr"]
     assert isinstance(rate, torch.Tensor) and rate.dtype == torch.float32
     graphs.set_lr(opt, 2.5e-4)
-    graphs.set_lr(eager, 2.5e-4)
     assert opt.param_groups[0]["lr"] is rate and float(rate) == float(torch.tensor(2.5e-4))
-    assert eager.param_groups[0]["lr"] == 2.5e-4
     saved = opt.state_dict()["param_groups"][0]
     assert saved["lr"] == float(torch.tensor(2.5e-4)) and saved["capturable"] is False
     assert opt.param_groups[0]["lr"] is rate  # saving changed nothing in the optimizer
-    opt.load_state_dict(eager.state_dict())  # an eager run's checkpoint: its float rate, into our tensor
-    assert opt.param_groups[0]["lr"] is rate and float(rate) == float(torch.tensor(2.5e-4))
-    eager.load_state_dict(opt.state_dict())
-    assert isinstance(eager.param_groups[0]["lr"], float)
+    plain = torch.optim.Adam([w], lr=1e-3, fused=True)
+    w.grad = torch.ones(3)
+    plain.step()
+    opt.load_state_dict(plain.state_dict())
+    assert opt.param_groups[0]["lr"] is rate and float(rate) == float(torch.tensor(1e-3))
+    assert opt.state[w]["step"].item() == 1
+    plain.load_state_dict(opt.state_dict())
+    assert isinstance(plain.param_groups[0]["lr"], float)
 
 
 def test_fill_copies_nothing_when_the_static_input_is_the_staging_buffer():
@@ -63,37 +65,6 @@ def test_fill_copies_nothing_when_the_static_input_is_the_staging_buffer():
     assert other.tolist() == [[7, 8, 9], [1, 2, 3]]
 
 
-def stage(calls, name, out=None):
-    def run(*inputs):
-        calls.append((name, *inputs))
-        return out
-
-    run.__name__ = name
-    return run
-
-
-def test_an_update_is_one_run_of_stages_between_its_collectives():
-    """One rule cuts every update: at world size 1 it is one part (one graph); the flat all-reduce runs between the
-    backward and the step; DDP all-reduces inside backward, so there the backward runs outside every graph."""
-    calls, loss = [], torch.ones(2)
-    backward, step, targets = stage(calls, "backward", loss), stage(calls, "step"), stage(calls, "targets")
-    update = graphs.Update(False, *graphs.optimizer_step(backward, step, None, False), targets)
-    assert [p.__name__ for p in update.parts] == ["backward+step+targets"]
-    outputs = update(7)
-    assert calls == [("backward", 7), ("step", 7), ("targets", 7)] and len(outputs) == 1 and outputs[0] is loss
-
-    calls.clear()  # the flat all-reduce: a part on each side of it
-    update = graphs.Update(False, *graphs.optimizer_step(backward, step, lambda: calls.append(("all-reduce",)), False))
-    assert [getattr(p, "__name__", "outside") for p in update.parts] == ["backward", "outside", "step"]
-    assert update(3) == [loss] and calls == [("backward", 3), ("all-reduce",), ("step", 3)]
-    assert update.take_outside_seconds() > 0 and update.take_outside_seconds() == 0  # taken: counted afresh
-
-    calls.clear()  # DDP: the backward outside, the step and what follows it one part
-    update = graphs.Update(False, *graphs.optimizer_step(backward, step, None, True), targets)
-    assert [getattr(p, "__name__", "outside") for p in update.parts] == ["outside", "step+targets"]
-    assert update(5) == [loss] and calls == [("backward", 5), ("step", 5), ("targets", 5)]
-
-
 def test_cudagraphs_captures_only_on_cuda_with_a_torch_that_can(monkeypatch, capsys):
     args = types.SimpleNamespace(cudagraphs=True)
     cpu, cuda = (types.SimpleNamespace(on_cuda=c, is_main=True) for c in (False, True))
@@ -103,8 +74,6 @@ def test_cudagraphs_captures_only_on_cuda_with_a_torch_that_can(monkeypatch, cap
     assert not graphs.enabled(args, cuda)
     line = "--cudagraphs: torch 2.4.1+cu121 cannot capture sampling (2.6 can): running eagerly\n"
     assert capsys.readouterr().out == line
-    opt = graphs.optimizer(torch.optim.Adam, [torch.nn.Parameter(torch.ones(1))], 1e-3, True, torch.device("cpu"))
-    assert opt.param_groups[0]["lr"] == 1e-3  # a plain rate: nothing reads it from a graph
 
 
 class Ops(TorchDispatchMode):
@@ -130,20 +99,6 @@ def test_target_update_is_one_foreach_lerp_equal_to_the_per_parameter_one(script
         script.soft_update(nets, targets, 0.005)
     assert mode.ops == ["aten._foreach_lerp_.Scalar"]
     assert all(torch.equal(p, e) for p, e in zip((p for t in targets for p in t.parameters()), expected, strict=True))
-
-
-def test_an_older_checkpoint_leaves_the_optimizers_capturable():
-    """SAC's and TD3's Adam (fused, capturable) loads a checkpoint of an optimizer made without `capturable` and stays
-    capturable, as a captured step needs, with the saved state (the step count) restored."""
-    param = torch.nn.Parameter(torch.ones(3))
-    old = torch.optim.Adam([param], lr=1e-3, fused=True)
-    param.grad = torch.ones(3)
-    old.step()
-    opt = torch.optim.Adam([param], lr=1e-3, fused=True, capturable=True)
-    graphs.keep_capturable(opt)
-    opt.load_state_dict(old.state_dict())
-    assert opt.param_groups[0]["capturable"] is True
-    assert opt.state[param]["step"].item() == 1
 
 
 @pytest.fixture(scope="module")

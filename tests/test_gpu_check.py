@@ -65,8 +65,8 @@ def test_the_checks_run_on_the_cpu_one_line_each(tmp_path):
     flags next to the ceiling and the profiled split of an iteration; CleanRL's and LeanRL's PPO scripts are skipped,
     as nothing points at them. graphs: and graphs-speed:, one implementation for every script (on the CPU
     --cudagraphs runs the same functions eagerly): the Atari PPO's runs with and without --cudagraphs bitwise equal in
-    every checkpoint entry, at world size 1 and trained on with and without it (its learning rate a float32 tensor
-    with the flag); SAC's speeds. SAC's env step timed part by part (benchmark/profile_offpolicy.py); LeanRL's SAC is
+    every checkpoint entry, at world size 1 and trained on with and without it, at the default learning rate;
+    SAC's speeds. SAC's env step timed part by part (benchmark/profile_offpolicy.py); LeanRL's SAC is
     skipped likewise. Then the comparison itself: one bit of one tensor, or one counter, changed in a checkpoint is a
     difference."""
     only = ["script:ppo_multigpu.py", "nccl-guard", "resume", "evaluate", "throughput"]

@@ -51,7 +51,7 @@ FEW_ITERATIONS = dict.fromkeys((PPO, ATARI, ASYNC, PQN, PQN_ATARI), (PPO_FEW, 3 
 class Graphs:
     """`graphs:<script>`: the runs whose final checkpoints must be bitwise equal with --cudagraphs and without."""
 
-    flags: str  # every run's flags (a float32 learning rate where the optimizer's rate is a tensor: `GRAPH_LR`)
+    flags: str  # every run's flags (the scripts' default learning rates: both paths read a float32 tensor)
     total: int  # the global step of the runs at world size 1; the --cudagraphs one's checkpoint is trained on to twice
     ranks2: tuple = ()  # --grad-sync of each pair at 2 ranks sharing the device; the first's eager run is the reference
     total2: int = 0  # the global step of the 2-rank runs
@@ -67,13 +67,9 @@ class Speed:
     more: tuple = ()  # graphs-speed: variants beyond --no-cudagraphs and --cudagraphs
 
 
-# A learning rate that is a float32 number, as are its annealed values k/8 (k/16 for the run trained on): with
-# --cudagraphs the rate is a float32 tensor (a captured step reads it), so both runs take bitwise the same steps.
-GRAPH_LR = 2**-12
-PPO_GRAPHS = f"{PPO_FEW} --learning-rate {GRAPH_LR}"  # 8 iterations
-PPO_GRAPHS_CPU = f"--local-num-envs 1 --num-steps 4 --num-minibatches 1 --update-epochs 1 --learning-rate {GRAPH_LR}"
+PPO_GRAPHS = PPO_FEW  # 8 iterations
+PPO_GRAPHS_CPU = "--local-num-envs 1 --num-steps 4 --num-minibatches 1 --update-epochs 1"
 DQN_GRAPHS = "--buffer-size 512 --learning-starts 64 --train-frequency 4 --target-network-frequency 64 --log-every 64"
-DQN_GRAPHS += f" --learning-rate {GRAPH_LR}"
 # SAC and TD3: Pendulum-v1, updates from step 200 (32 on the CPU): 400 critic updates at world size 1, 300 at 2 ranks
 OFF_GRAPHS = "--env-id Pendulum-v1 --learning-starts 200 --local-batch-size 64 --log-every 100"
 OFF_GRAPHS_CPU = "--env-id Pendulum-v1 --learning-starts 32 --local-batch-size 16 --log-every 16"
@@ -115,7 +111,7 @@ GPU = Sizes(
     graphs=dict.fromkeys((PPO, ASYNC, PQN, PQN_ATARI), Graphs(PPO_GRAPHS, 8 * 4 * 32))
     | {
         ATARI: Graphs(PPO_GRAPHS, 8 * 4 * 32, ("ddp", "flat"), 2 * 8 * 4 * 32),
-        CONTINUOUS: Graphs(f"--num-steps 64 --num-minibatches 2 --update-epochs 2 --learning-rate {GRAPH_LR}", 512),
+        CONTINUOUS: Graphs("--num-steps 64 --num-minibatches 2 --update-epochs 2", 512),
         DQN: Graphs(f"--local-num-envs 4 --local-batch-size 32 {DQN_GRAPHS}", 512),
     }
     | dict.fromkeys(OFF_POLICY, Graphs(OFF_GRAPHS, 600, ("flat",), 800)),
@@ -156,7 +152,7 @@ CPU = Sizes(
     graphs=dict.fromkeys((PPO, ATARI, PQN, PQN_ATARI), Graphs(PPO_GRAPHS_CPU, 8 * 1 * 4))
     | {
         ASYNC: Graphs(PPO_GRAPHS_CPU.replace("envs 1", "envs 2"), 8 * 2 * 4),
-        CONTINUOUS: Graphs(f"--num-steps 8 --num-minibatches 1 --update-epochs 1 --learning-rate {GRAPH_LR}", 64),
+        CONTINUOUS: Graphs("--num-steps 8 --num-minibatches 1 --update-epochs 1", 64),
         DQN: Graphs(f"--local-num-envs 1 --local-batch-size 4 {DQN_GRAPHS}", 192),
     }
     | dict.fromkeys(OFF_POLICY, Graphs(OFF_GRAPHS_CPU, 48)),
