@@ -6,6 +6,7 @@ Docs: docs/ppo_multigpu.md. Launch it any of these ways (all ranks run this same
     torchrun --standalone --nproc_per_node=2 cleanrl_ddp/ppo_multigpu.py  # 2 processes, one machine
     torchrun --nnodes=2 --nproc_per_node=8 --node_rank=$NODE_RANK \\
         --master_addr=HOST --master_port=29500 cleanrl_ddp/ppo_multigpu.py  # 2 nodes x 8 processes
+    export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1) MASTER_PORT=29500
     srun --ntasks=16 --ntasks-per-node=8 python cleanrl_ddp/ppo_multigpu.py  # SLURM (see benchmark/slurm/)
 
 Every rank steps its own `--local-num-envs` envs; gradients are averaged across ranks each minibatch
