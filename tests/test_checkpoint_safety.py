@@ -42,6 +42,7 @@ from helpers import (
 from cleanrl_ddp import checkpoint, env_state, evaluate
 from cleanrl_ddp import launch as launcher
 from cleanrl_ddp import runtime as rt
+from cleanrl_ddp.run_dir import FLAGS_FILE
 
 
 @dataclass
@@ -372,4 +373,4 @@ def test_ctrl_c_to_a_two_rank_run_checkpoints_exits_75_and_resumes(tmp_path, mon
 
     main_output(monkeypatch, capsys, "ppo_multigpu.py", "--resume", run_dir, "--total-timesteps", stopped + 64 * 2)
     final = torch.load(run_dir / "checkpoint.pt", weights_only=True)
-    assert final["global_step"] == stopped + 64 * 2 and json.loads((run_dir / rt.FLAGS_FILE).read_text())
+    assert final["global_step"] == stopped + 64 * 2 and json.loads((run_dir / FLAGS_FILE).read_text())
