@@ -311,7 +311,7 @@ def main() -> None:
     optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate)
     target_network = QNetwork(**agent_kwargs).to(device)
     target_network.load_state_dict(q_network.state_dict())  # a copy of the synchronised online net
-    rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
+    rt.seed_everything(rt.rank_seed(args.seed, rank))
     if ckpt:
         q_network.load_state_dict(ckpt["q_network"])
         target_network.load_state_dict(ckpt["target_network"])

@@ -367,7 +367,7 @@ def main() -> None:
     optimizer = graphs.optimizer(
         optim.Adam, agent.parameters(), args.learning_rate, args.cudagraphs, device, eps=1e-5, fused=True
     )
-    rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
+    rt.seed_everything(rt.rank_seed(args.seed, rank))
     # the normalisation statistics: equal on every rank (they change only in RunningStats.update)
     obs_stats, return_stats = RunningStats(obs_shape, device), RunningStats((), device)
     if ckpt:

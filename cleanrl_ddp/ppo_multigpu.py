@@ -294,7 +294,7 @@ def main() -> None:
     optimizer = graphs.optimizer(
         optim.Adam, agent.parameters(), args.learning_rate, args.cudagraphs, device, eps=1e-5, fused=True
     )
-    rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
+    rt.seed_everything(rt.rank_seed(args.seed, rank))
     if ckpt:
         agent.load_state_dict(ckpt["agent"])
         optimizer.load_state_dict(ckpt["optimizer"])

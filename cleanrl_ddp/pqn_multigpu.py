@@ -233,7 +233,7 @@ def main() -> None:
         for tensor in q_network.state_dict().values():  # the same start whichever --grad-sync is used
             dist.broadcast(tensor, src=0)
     optimizer = optim.RAdam(q_network.parameters(), lr=args.learning_rate, foreach=True)  # CUDA's default, on CPU too
-    rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
+    rt.seed_everything(rt.rank_seed(args.seed, rank))
     if ckpt:
         q_network.load_state_dict(ckpt["q_network"])
         optimizer.load_state_dict(ckpt["optimizer"])

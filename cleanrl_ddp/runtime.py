@@ -128,6 +128,12 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def rank_seed(seed: int, rank: int, *more: int) -> int:
+    """A seed of rank `rank`'s own (and of `more`, e.g. an iteration), drawn from the run's `seed`: streams that no
+    other rank shares, and the same seed again for the same (seed, rank, ...)."""
+    return int(np.random.SeedSequence([seed, rank, *more]).generate_state(1)[0])
+
+
 def resume_rng(run: Run, ckpt: dict, seed: int) -> None:
     """Every rank's RNG streams as saved; at another world size, new ones from (seed, rank, iteration).
 
@@ -137,7 +143,7 @@ def resume_rng(run: Run, ckpt: dict, seed: int) -> None:
     if ckpt["world_size"] == run.world_size:
         checkpoint.set_rng_states(ckpt["rng"][run.rank], run.device)
     else:
-        seed_everything(int(np.random.SeedSequence([seed, run.rank, ckpt["iteration"]]).generate_state(1)[0]))
+        seed_everything(rank_seed(seed, run.rank, ckpt["iteration"]))
 
 
 # ------------------------------------------------------------------------------------ episodes and copies to the device

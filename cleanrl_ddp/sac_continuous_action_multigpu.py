@@ -350,7 +350,7 @@ def main() -> None:
     log_alpha = torch.zeros(1, requires_grad=True, device=device)
     a_optimizer = optim.Adam([log_alpha], lr=args.q_lr, fused=True, capturable=True)
     graphs.keep_capturable(q_optimizer, actor_optimizer, a_optimizer)  # also after loading an older checkpoint
-    rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
+    rt.seed_everything(rt.rank_seed(args.seed, rank))
     # every learned quantity by its checkpoint key: all must stay identical on every rank
     learned = dict(actor=actor, qf=qf, qf_target=qf_target, actor_optimizer=actor_optimizer)
     learned |= dict(q_optimizer=q_optimizer, a_optimizer=a_optimizer)
@@ -396,7 +396,7 @@ def main() -> None:
     # the envs are not saved: a resumed run seeds them past the earlier attempts' seeds
     obs, _ = envs.reset(seed=args.seed + rank * n + (start_iteration - 1) * sizes.num_envs)
     # the replay buffer lives on the training device, sampled there by this rank's own generator
-    sample_seed = int(np.random.SeedSequence([args.seed, rank, start_iteration]).generate_state(1)[0])
+    sample_seed = rt.rank_seed(args.seed, rank, start_iteration)
     rb = replay.ReplayBuffer(sizes.local_buffer_size, obs_dim, action_dim, device, sample_seed)
     episodes = rt.Episodes(n)
     # this rank's update sums since the last logged step, on the device until then

@@ -315,7 +315,7 @@ def main() -> None:
     q_optimizer = optim.Adam(qf.parameters(), lr=args.learning_rate, fused=True, capturable=True)
     actor_optimizer = optim.Adam(actor.parameters(), lr=args.learning_rate, fused=True, capturable=True)
     graphs.keep_capturable(q_optimizer, actor_optimizer)  # also after loading an older checkpoint
-    rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
+    rt.seed_everything(rt.rank_seed(args.seed, rank))
     # every learned quantity by its checkpoint key: all must stay identical on every rank
     learned = dict(actor=actor, target_actor=target_actor, qf=qf, qf_target=qf_target)
     learned |= dict(actor_optimizer=actor_optimizer, q_optimizer=q_optimizer)
@@ -350,7 +350,7 @@ def main() -> None:
     # the envs are not saved: a resumed run seeds them past the earlier attempts' seeds
     obs, _ = envs.reset(seed=args.seed + rank * n + (start_iteration - 1) * sizes.num_envs)
     # the replay buffer lives on the training device, sampled there by this rank's own generator
-    sample_seed = int(np.random.SeedSequence([args.seed, rank, start_iteration]).generate_state(1)[0])
+    sample_seed = rt.rank_seed(args.seed, rank, start_iteration)
     rb = replay.ReplayBuffer(sizes.local_buffer_size, obs_dim, action_dim, device, sample_seed)
     episodes = rt.Episodes(n)
     # this rank's update sums since the last logged step, on the device until then

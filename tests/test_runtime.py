@@ -470,6 +470,27 @@ def test_rank_share_hands_every_env_on_in_global_order(world_size):
     )
 
 
+def test_rank_seed_is_the_seed_sequence_every_script_seeded_with():
+    """rt.rank_seed(seed, rank, *more) is `int(SeedSequence([seed, rank, *more]).generate_state(1)[0])`, the value the
+    scripts spelled out before: the literals below are that expression's, so runs keep reproducing bit for bit."""
+    assert rt.rank_seed(1, 0) == 1835504127 and rt.rank_seed(1, 1) == 1189033389
+    assert rt.rank_seed(1, 3, 7) == 880097667 and rt.rank_seed(12345, 2, 100) == 1633134622  # SAC's, TD3's samples
+    for entropy in ([5, 0], [5, 1], [2**31, 3], [7, 2, 11]):
+        assert rt.rank_seed(*entropy) == int(np.random.SeedSequence(entropy).generate_state(1)[0])
+    assert len({rt.rank_seed(1, rank) for rank in range(64)}) == 64  # every rank a stream of its own
+
+
+def test_every_script_seeds_its_ranks_through_rank_seed():
+    """Each script calls `rt.rank_seed` for its per-rank streams, under its `# CRUCIAL:` seeding comment, and
+    spells out no SeedSequence of its own."""
+    for path in sorted((REPO / "cleanrl_ddp").glob("*_multigpu.py")):
+        source = path.read_text()
+        assert "rt.seed_everything(rt.rank_seed(args.seed, rank))" in source, path.name
+        assert "SeedSequence" not in source, path.name
+        crucial = next(line for line in source.splitlines() if "# CRUCIAL:" in line and "seeds" in line)
+        assert source.index(crucial) < source.index("rt.rank_seed("), path.name
+
+
 def test_resume_rng_continues_the_streams_or_seeds_them_from_seed_rank_and_iteration():
     cpu = torch.device("cpu")
     rt.seed_everything(5)
