@@ -15,7 +15,9 @@ from cleanrl_ddp.errors import RunError
 @dataclass
 class RunArgs:
     """The flags of the run plumbing and of evaluation, and the script flags they read; every script's `Args`
-    extends this with its algorithm's flags (and its own `exp_name`, `env_id`, `total_timesteps`, `eval_greedy`)."""
+    extends this with its algorithm's flags (and its own `exp_name`, `env_id`, `total_timesteps`, `eval_greedy`).
+    Every periodic flag (`--eval-every`, `--sync-check-every`, `--checkpoint-every`) counts global steps, the env
+    steps of all ranks together, as --total-timesteps does; the loop tests it with `runtime.steps_crossed`."""
 
     exp_name: str = ""
     """the name of this experiment (part of the run name)"""
@@ -54,9 +56,9 @@ class RunArgs:
     share_gpus: bool = False
     """with NCCL, allow more ranks per node than visible GPUs (e.g. srun --gpus-per-task=1: each sees its own)"""
     sync_check_every: int = 0
-    """every N iterations (DQN, SAC, TD3: global steps), compare the ranks' weights and optimizer state (0 = off)"""
-    checkpoint_every: int = 25
-    """write checkpoint.pt every N iterations; 0 = only at the end and when stopped"""
+    """every N global steps, compare the ranks' weights and optimizer state (0 = off)"""
+    checkpoint_every: int = 100000
+    """write checkpoint.pt every N global steps (0 = only at the end, at a stop and on preemption)"""
     resume: Optional[str] = None
     """continue from a run directory or a checkpoint.pt file (its flags are the defaults; flags given here win)"""
 

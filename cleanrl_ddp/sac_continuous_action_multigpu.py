@@ -35,8 +35,6 @@ class Args(rt.RunArgs):
     """the name of this experiment (part of the run name)"""
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    checkpoint_every: int = 100000
-    """write checkpoint.pt every N global steps (0 = only at the end, at a stop and on preemption)"""
 
     # Algorithm specific arguments
     env_id: str = "Hopper-v5"

@@ -346,7 +346,7 @@ def test_ctrl_c_to_a_two_rank_run_checkpoints_exits_75_and_resumes(tmp_path, mon
     run."""
     port, runs = free_port(), tmp_path / "runs"
     flags = ["--env-id", "CartPole-v1", "--local-num-envs", 2, "--num-steps", 16, "--num-minibatches", 2]
-    flags += ["--update-epochs", 1, "--total-timesteps", 64 * 300, "--runs-dir", runs, "--checkpoint-every", 2]
+    flags += ["--update-epochs", 1, "--total-timesteps", 64 * 300, "--runs-dir", runs, "--checkpoint-every", 128]
     procs = []
     for rank in range(2):
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}

@@ -96,6 +96,22 @@ def test_resume_at_another_world_size_derives_the_per_rank_flags_again(tmp_path,
         rt.load_run(single_run(tmp_path), Args(resume=str(tmp_path)))
 
 
+def test_a_checkpoint_of_iteration_periods_loads_its_flags_as_global_steps(tmp_path, monkeypatch):
+    """A checkpoint written when the PPO and PQN scripts counted --checkpoint-every and --sync-check-every in
+    iterations (the old default 25) loads as it is: its flags are data, now read as global steps, and a value given
+    with --resume wins (docs/runtime.md#checkpoints)."""
+    args = asdict(Args(runs_dir=str(tmp_path))) | dict(checkpoint_every=25, sync_check_every=2)
+    ckpt = dict(script="ppo_multigpu", args=args, sizes=dict(num_envs=1, batch_size=10), world_size=1)
+    ckpt |= dict(iteration=3, global_step=30, rng=[None], rank_state=[None])
+    checkpoint.atomic_save(ckpt, str(tmp_path / "checkpoint.pt"))
+    monkeypatch.setattr(sys, "argv", ["script"])
+    resumed, loaded = rt.load_run(single_run(tmp_path), Args(resume=str(tmp_path)))
+    assert (resumed.checkpoint_every, resumed.sync_check_every, loaded["iteration"]) == (25, 2, 3)
+    monkeypatch.setattr(sys, "argv", ["script", "--checkpoint-every", "50000"])
+    resumed, _ = rt.load_run(single_run(tmp_path), Args(resume=str(tmp_path), checkpoint_every=50000))
+    assert (resumed.checkpoint_every, resumed.sync_check_every) == (50000, 2)
+
+
 def test_the_lease_names_a_live_holder_and_passes_to_the_next_once_it_dies(tmp_path, monkeypatch, capsys):
     """cleanrl_ddp/lease.py: another live process's lease is refused in one line naming it; once that process is
     gone, this one takes the lease and names itself in the file; a file system without locks warns and goes on."""

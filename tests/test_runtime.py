@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from helpers import REPO, read_scalars, wait_until
+from helpers import REPO, main_output, read_scalars, wait_until
 
 from cleanrl_ddp import checkpoint, env_state, launch
 from cleanrl_ddp import runtime as rt
@@ -380,6 +380,49 @@ def test_steps_crossed_keeps_a_period_that_is_not_a_multiple_of_the_batch():
     assert sum(crossed) == 128 * 75 // 300 and max(crossed) == 1
     assert rt.steps_crossed(0, 10**6, 0) == 0  # 0 = off
     assert rt.steps_crossed(0, 16, 4) == 4  # more envs than the period: several events in one step (DQN)
+
+
+PERIODIC = ("checkpoint_every", "sync_check_every", "eval_every", "log_every")
+
+
+def test_every_periodic_flag_counts_global_steps_through_steps_crossed():
+    """RunArgs declares the periodic flags once, in global steps; every script tests each one it reads as
+    `rt.steps_crossed(prev_step, global_step, args.X)` (--eval-every inside `evals.evaluate`), never `iteration % X`."""
+    run_source = (REPO / "cleanrl_ddp" / "run.py").read_text().splitlines()
+    for name in PERIODIC[:3]:
+        line = next(i for i, text in enumerate(run_source) if text.startswith(f"    {name}: int = "))
+        assert "every N global steps" in run_source[line + 1], run_source[line + 1]
+    for path in sorted((REPO / "cleanrl_ddp").glob("*_multigpu.py")):
+        tree = ast.parse(path.read_text())
+        args = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Args")
+        declared = {n.target.id for n in args.body if isinstance(n, ast.AnnAssign)}
+        assert not declared & set(PERIODIC[:3]), f"{path.name} declares a run flag again: its unit is RunArgs'"
+        reads = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr in PERIODIC]
+        crossed = [
+            n.args[2] for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) == "rt.steps_crossed"
+        ]
+        assert {"checkpoint_every", "sync_check_every"} <= {n.attr for n in reads}, path.name
+        for read in reads:
+            assert any(read is c for c in crossed), (
+                f"{path.name}:{read.lineno}: {ast.unparse(read)} outside steps_crossed"
+            )
+        evaluate = next(
+            n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) == "evals.evaluate"
+        )
+        assert [ast.unparse(a) for a in evaluate.args[-2:]] == ["prev_step", "global_step"], path.name
+
+
+@pytest.mark.parametrize("script", ["ppo_multigpu.py", "pqn_multigpu.py"])
+def test_checkpoint_and_sync_check_every_count_global_steps_in_an_iteration_loop(tmp_path, monkeypatch, capsys, script):
+    """In the PPO and PQN loops too (32 global steps per iteration here): --checkpoint-every 48 saves at the
+    iterations that cross 48, 96, 144 and 192 (and at the last), --sync-check-every 96 checks at 96 and 192."""
+    saved, checked, save = [], [], rt.save_checkpoint
+    monkeypatch.setattr(rt, "save_checkpoint", lambda run, i, *a, **k: saved.append(i) or save(run, i, *a, **k))
+    monkeypatch.setattr(rt, "check_replicas_in_sync", lambda where, *a: checked.append(where))
+    flags = ["--env-id", "CartPole-v1", "--local-num-envs", 2, "--num-steps", 16, "--num-minibatches", 2]
+    flags += ["--update-epochs", 1, "--total-timesteps", 7 * 32, "--runs-dir", tmp_path]
+    main_output(monkeypatch, capsys, script, *flags, "--checkpoint-every", 48, "--sync-check-every", 96)
+    assert saved == [2, 3, 5, 6, 7] and checked == ["iteration 3", "iteration 6"]
 
 
 def test_named_metrics_and_preemption_vote_in_one_process(tmp_path):
