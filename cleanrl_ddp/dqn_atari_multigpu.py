@@ -395,7 +395,7 @@ def main() -> None:
             update_seconds = 0.0
         if rt.steps_crossed(prev_step, global_step, args.sync_check_every):  # the target network too
             rt.check_replicas_in_sync(f"iteration {iteration}", world_size, q_network, target_network, optimizer)
-        reached = evals.evaluate(run, q_network, eval_action, make_env, prev_step, global_step)
+        reached = evals.evaluate(run, q_network, eval_action, make_env, prev_step, global_step, ale=True)
 
         preempted = logging and rt.preempted(run)  # the vote, on logged steps only: every rank stops there
         if last or preempted or reached or rt.steps_crossed(prev_step, global_step, args.checkpoint_every):

@@ -387,7 +387,7 @@ def main() -> None:
         prev_step = global_step - sizes.batch_size  # the periodic flags count global steps
         if rt.steps_crossed(prev_step, global_step, args.sync_check_every):
             rt.check_replicas_in_sync(f"iteration {iteration}", world_size, q_network, optimizer)
-        reached = evals.evaluate(run, q_network, eval_action, make_env, prev_step, global_step)
+        reached = evals.evaluate(run, q_network, eval_action, make_env, prev_step, global_step, ale=True)
 
         preempted = rt.preempted(run)  # a SIGTERM/SIGUSR1 on any rank stops every rank here
         last = iteration == num_iterations or preempted or reached
