@@ -1,12 +1,12 @@
 """Run plumbing shared by every cleanrl_ddp script, in the order a script calls it: start, load the run, sizes,
-seeding, episodes, open the run, the loop's schedules, collectives and logging, checkpoints, the end, exit codes.
-docs/runtime.md describes it.
+seeding, episodes, open the run, the loop's schedules, metrics, replica check and preemption vote, checkpoints, the
+end, exit codes. docs/runtime.md describes it.
 
 Plain functions and small dataclasses, called in one line where the thing happens; nothing here calls back
 into a script, and the algorithm and every data-parallel decision stay in the scripts. What no script calls
-lives beside it: run.py (`RunArgs`, `Run`), run_dir.py (run directory and restarts), launch.py (launcher, signals,
-device, threads), checkpoint.py, lease.py, errors.py (exit codes, RunError); evals.py evaluates an agent and
-atari.py holds the ALE helpers.
+lives beside it: run.py (`RunArgs` and `Run`, named here), run_dir.py (run directory and restarts), launch.py
+(launcher, signals, device, threads), checkpoint.py, lease.py, errors.py (exit codes, RunError); evals.py evaluates
+an agent and atari.py holds the ALE helpers.
 """
 
 import os
@@ -229,7 +229,7 @@ def open_logs(run: Run, sizes: dict, ckpt: Optional[dict]) -> None:
         )
 
 
-# ---------------------------------------------------------------------------- the loop: schedules, collectives, logging
+# ------------------------------------------------------------------- the loop: schedules, metrics, replicas, preemption
 def steps_crossed(prev_step: int, global_step: int, every: int) -> int:
     """How many multiples of `every` lie in (prev_step, global_step]: the schedule of periodic events.
 
@@ -273,16 +273,6 @@ def log(run: Run, global_step: int, scalars: dict, episodes: dict) -> None:
         print(line, flush=True)
 
 
-@contextmanager
-def off_the_clock(run: Run):
-    """Time spent inside (evaluation) does not count in SPS."""
-    started = time.time()
-    try:
-        yield
-    finally:
-        run.progress.paused_seconds += time.time() - started
-
-
 def check_replicas_in_sync(where: str, world_size: int, *objects) -> None:
     """Raise RunError (EXIT_DIVERGED) on every rank, naming the ranks, if any replica's bits differ from rank 0's."""
     if world_size == 1:
@@ -322,12 +312,14 @@ def state_checksum(*objects) -> torch.Tensor:
     return total
 
 
-def preempted(run: Run) -> bool:
-    """Whether any rank has received SIGTERM/SIGUSR1: one all-reduce of the votes, so all ranks agree."""
-    vote = torch.tensor([float(bool(run.signals))], device=run.device)
-    if run.world_size > 1:
-        dist.all_reduce(vote)
-    return vote.item() > 0
+@contextmanager
+def off_the_clock(run: Run):
+    """Time spent inside (evaluation) does not count in SPS."""
+    started = time.time()
+    try:
+        yield
+    finally:
+        run.progress.paused_seconds += time.time() - started
 
 
 def broadcast_from_main(run: Run, obj):
@@ -337,6 +329,14 @@ def broadcast_from_main(run: Run, obj):
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def preempted(run: Run) -> bool:
+    """Whether any rank has received SIGTERM/SIGUSR1: one all-reduce of the votes, so all ranks agree."""
+    vote = torch.tensor([float(bool(run.signals))], device=run.device)
+    if run.world_size > 1:
+        dist.all_reduce(vote)
+    return vote.item() > 0
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints
