@@ -43,7 +43,6 @@ both take the script's default.
 import argparse
 import functools
 import importlib
-import inspect
 import json
 import multiprocessing as mp
 import os
@@ -132,11 +131,11 @@ def time_shares(events: dict, warmup: int) -> tuple[float, float]:
 
 # Env-only ceiling: one process per rank stepping the script's own vector env with random actions
 def make_vector_env(module, env_id: str, num_envs: int, num_threads: int):
-    """The script's envs: `make_env` returning a vector env (Atari), or a thunk per env (gymnasium)."""
-    params = inspect.signature(module.make_env).parameters
-    if "num_envs" in params:
-        kwargs = {"num_threads": num_threads} if "num_threads" in params else {}
-        return module.make_env(env_id, num_envs, **kwargs)
+    """The script's envs: an Atari script's `make_env` returns ALE's vector env, the others' a thunk per env."""
+    from cleanrl_ddp import atari
+
+    if atari.is_atari_script(module.__name__):
+        return module.make_env(env_id, num_envs, num_threads)
     import gymnasium as gym
 
     return gym.vector.SyncVectorEnv([module.make_env(env_id) for _ in range(num_envs)])

@@ -1,6 +1,7 @@
-"""The ALE helpers of the Atari scripts (the PPO ones and DQN): the game behind an env id, the sticky-action
-protocol of the id, reward clipping, and whole games told apart from lost lives. CleanRL imports the same from
-gymnasium's and SB3's Atari wrappers; here ALE's C++ vector env does the preprocessing, and these are what is left.
+"""The ALE helpers of the Atari scripts (PPO, PQN and DQN): which scripts they are, the game behind an env id, the
+sticky-action protocol of the id, reward clipping, and whole games told apart from lost lives. CleanRL imports the
+same from gymnasium's and SB3's Atari wrappers; here ALE's C++ vector env does the preprocessing, and these are what
+is left.
 """
 
 import re
@@ -9,6 +10,14 @@ import ale_py
 import numpy as np
 
 from cleanrl_ddp.errors import RunError
+
+
+def is_atari_script(script: str) -> bool:
+    """Whether `script` (`ppo_atari_multigpu`, or its module's name) is an Atari script, whose `make_env` is ALE's
+    vector env maker, `make_env(env_id, num_envs, num_threads, repeat_action_probability)`: a script's file name
+    names its env family (`<algo>_atari[_<variant>]_multigpu.py`). For tools that hold only the module; a script's
+    own loop says it (`evals.evaluate(..., ale=True)`)."""
+    return "atari" in script.rsplit(".", 1)[-1].split("_")
 
 
 def ale_game(env_id: str) -> str:

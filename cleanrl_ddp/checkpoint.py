@@ -1,7 +1,7 @@
 """The checkpoint file, which no script reads directly: data only (tensors, numbers, strings, lists, dicts),
 written atomically, read without running code, with the library versions and RNG streams it needs.
 
-`runtime.load_run` and `runtime.save_checkpoint` call these, and `evaluate` reads a run with them.
+`run_dir` and `runtime.save_checkpoint` call these, and `evaluate` reads a run with them.
 docs/runtime.md#checkpoints describes the format.
 """
 

@@ -34,8 +34,6 @@ class Args(rt.RunArgs):
     """the name of this experiment (part of the run name)"""
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    checkpoint_every: int = 100000
-    """write checkpoint.pt every N global steps (0 = only at the end, at a stop and on preemption)"""
 
     # Algorithm specific arguments
     env_id: str = "BreakoutNoFrameskip-v4"
@@ -311,7 +309,7 @@ def main() -> None:
     optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate)
     target_network = QNetwork(**agent_kwargs).to(device)
     target_network.load_state_dict(q_network.state_dict())  # a copy of the synchronised online net
-    rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
+    rt.seed_everything(rt.rank_seed(args.seed, rank))
     if ckpt:
         q_network.load_state_dict(ckpt["q_network"])
         target_network.load_state_dict(ckpt["target_network"])
@@ -397,7 +395,7 @@ def main() -> None:
             update_seconds = 0.0
         if rt.steps_crossed(prev_step, global_step, args.sync_check_every):  # the target network too
             rt.check_replicas_in_sync(f"iteration {iteration}", world_size, q_network, target_network, optimizer)
-        reached = evals.evaluate(run, q_network, eval_action, make_env, prev_step, global_step)
+        reached = evals.evaluate(run, q_network, eval_action, make_env, prev_step, global_step, ale=True)
 
         preempted = logging and rt.preempted(run)  # the vote, on logged steps only: every rank stops there
         if last or preempted or reached or rt.steps_crossed(prev_step, global_step, args.checkpoint_every):

@@ -5,13 +5,12 @@ checkpoint loads without unpickling objects. Imported by the scripts that save t
 One function pair per env family (classic control, MuJoCo); a family without one falls back to new episodes.
 """
 
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import numpy as np
 import torch
 
-if TYPE_CHECKING:  # for the annotations only: runtime imports nothing of the scripts' modules
-    from cleanrl_ddp.runtime import Run
+from cleanrl_ddp.run import Run
 
 WRAPPER_STATE = ("_elapsed_steps", "_has_reset", "checked_reset", "checked_step", "checked_render")
 """the wrappers' own state: TimeLimit's step count, OrderEnforcing's and the env checker's flags"""
@@ -83,7 +82,7 @@ def capture(env) -> Optional[dict]:
     return dict(family=family, env=type(base).__name__, sim=sim, np_random=rng, wrappers=wrappers)
 
 
-def restore(run: "Run", envs: list, states: Optional[list]) -> bool:
+def restore(run: Run, envs: list, states: Optional[list]) -> bool:
     """Continue each env of `envs` (freshly made, same ids) from its `capture`d state; True if all could be.
 
     False when the family has no state function (or the checkpoint holds no env state): rank 0 says so once,
@@ -112,7 +111,7 @@ def restore(run: "Run", envs: list, states: Optional[list]) -> bool:
     return True
 
 
-def split_for_rank(run: "Run", ckpt: dict):
+def split_for_rank(run: Run, ckpt: dict):
     """Join the checkpoint's per-rank state (`rank_state`) of every old rank and return this rank's part.
 
     Each rank saved a tuple of per-env sequences (lists, arrays or tensors, one entry per env, in env

@@ -4,12 +4,13 @@ episode per env (Atari: one whole game, all lives) in envs of its own, made by t
     reached = evals.evaluate(run, agent, eval_action, make_env, prev_step, global_step)  # the training loop
     python -m cleanrl_ddp.evaluate runs/<run>                                            # a checkpoint
 
-A script offers its `make_env` (gymnasium's thunk maker, or ALE's vector env maker), `load_agent(ckpt, device)`
-and `eval_action(agent, obs, greedy, generator, args)`: the actions for a batch of observations (a tensor on the
-agent's device), the likeliest (`greedy`) or sampled with `generator`. docs/runtime.md#evaluation describes them.
+A script offers its `make_env` (gymnasium's thunk maker, `make_env(env_id, render_mode)`; the Atari scripts, which
+pass `ale=True`: ALE's vector env maker, `make_env(env_id, num_envs, num_threads, repeat_action_probability)`),
+`load_agent(ckpt, device)` and `eval_action(agent, obs, greedy, generator, args)`: the actions for a batch of
+observations (a tensor on the agent's device), the likeliest (`greedy`) or sampled with `generator`.
+docs/runtime.md#evaluation describes them.
 """
 
-import inspect
 import os
 from typing import Optional
 
@@ -21,10 +22,11 @@ from cleanrl_ddp import atari
 from cleanrl_ddp import runtime as rt
 
 
-def evaluate(run: rt.Run, agent, eval_action, make_env, prev_step: int, global_step: int) -> bool:
+def evaluate(run: rt.Run, agent, eval_action, make_env, prev_step: int, global_step: int, ale: bool = False) -> bool:
     """Every --eval-every global steps (one crossed since `prev_step`): rank 0 plays --eval-episodes episodes in
-    new envs, logs them (and a video of the first with --capture-video), and every rank learns whether they reached
-    --target-return. The other ranks wait in the broadcast meanwhile; the time is left out of SPS."""
+    new envs (`make_envs`; `ale`: `make_env` is ALE's vector env maker), logs them (and a video of the first with
+    --capture-video), and every rank learns whether they reached --target-return. The other ranks wait in the
+    broadcast meanwhile; the time is left out of SPS."""
     args = run.args
     if not rt.steps_crossed(prev_step, global_step, args.eval_every):
         return False
@@ -32,7 +34,7 @@ def evaluate(run: rt.Run, agent, eval_action, make_env, prev_step: int, global_s
     with rt.off_the_clock(run):
         if run.is_main:
             video_dir = os.path.join(run.run_dir, "videos") if args.capture_video else None
-            envs = make_envs(make_env, args, args.eval_episodes, video_dir)
+            envs = make_envs(make_env, args, args.eval_episodes, video_dir, ale)
             seed = args.seed + 10**9 + global_step  # seeds no training env uses
             try:
                 video_name = f"eval-step{global_step}" if video_dir else None
@@ -43,11 +45,11 @@ def evaluate(run: rt.Run, agent, eval_action, make_env, prev_step: int, global_s
         return bool(rt.broadcast_from_main(run, stop))
 
 
-def make_envs(make_env, args, num_envs: int, video_dir: Optional[str] = None):
-    """`num_envs` envs apart from the training ones, made by the script's `make_env`: ALE's vector env (it cannot
-    render: `play` writes env 0's frames to `video_dir` itself), or gymnasium envs whose env 0 records its videos
-    to `video_dir` once `play` starts it."""
-    if "num_envs" in inspect.signature(make_env).parameters:  # ALE's C++ vector env
+def make_envs(make_env, args, num_envs: int, video_dir: Optional[str] = None, ale: bool = False):
+    """`num_envs` envs apart from the training ones, made by the script's `make_env`: with `ale`, ALE's vector env
+    (it cannot render: `play` writes env 0's frames to `video_dir` itself), else gymnasium envs from `make_env`'s
+    thunks, whose env 0 records its videos to `video_dir` once `play` starts it."""
+    if ale:  # ALE's C++ vector env
         threads = min(torch.get_num_threads(), num_envs)
         envs = make_env(args.env_id, num_envs, threads, atari.sticky_action_probability(args))
         envs.video_dir = video_dir

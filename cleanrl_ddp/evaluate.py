@@ -24,7 +24,7 @@ from dataclasses import fields
 import numpy as np
 import torch
 
-from cleanrl_ddp import evals
+from cleanrl_ddp import atari, evals
 from cleanrl_ddp.checkpoint import check_saved_env_id, read_checkpoint
 from cleanrl_ddp.errors import EXIT_BAD_INPUT, RunError
 
@@ -142,7 +142,7 @@ def main(argv=None) -> int:
         video_name = f"evaluate-step{ckpt['global_step']}"
         if os.path.lexists(os.path.join(video_dir, f"{video_name}.mp4")):
             raise EvalError(f"{os.path.join(video_dir, video_name)}.mp4 exists: pass another --out-dir")
-    envs = evals.make_envs(module.make_env, args, options.episodes, video_dir)
+    envs = evals.make_envs(module.make_env, args, options.episodes, video_dir, ale=atari.is_atari_script(script))
     try:
         returns, lengths, video = evals.play(
             agent, module.eval_action, envs, args, greedy, options.seed, device, video_name

@@ -1,7 +1,7 @@
 """The launcher's side of a run, which no script calls: who this process is (torchrun's or SLURM's
 variables), the id of the launch, preemption signals, the elastic-restart checks, the device and the threads.
 
-`runtime.start` and `runtime.load_run` call these; habitat-lab keeps such helpers in its `ddp_utils.py`.
+`runtime.start` and `run_dir.choose_run_dir` call these; habitat-lab keeps such helpers in its `ddp_utils.py`.
 """
 
 import glob
@@ -11,14 +11,12 @@ import secrets
 import signal
 import sys
 import time
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import torch
 
 from cleanrl_ddp.errors import RunError
-
-if TYPE_CHECKING:  # for the annotations only: runtime imports this module, never the other way
-    from cleanrl_ddp.runtime import Run
+from cleanrl_ddp.run import Run
 
 
 # ---------------------------------------------------------------------------------------------- who this process is
@@ -80,7 +78,7 @@ def default_run_name(runs_dir: str, prefix: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- preemption signals
-def catch_signals(run: "Run") -> None:
+def catch_signals(run: Run) -> None:
     """SIGTERM/SIGUSR1 and a first Ctrl-C only record the signal in `run.signals`: all ranks vote and stop together
     (`runtime.preempted`). A second Ctrl-C stops at once (`interrupt`)."""
     for sig in (signal.SIGTERM, signal.SIGUSR1):
@@ -88,7 +86,7 @@ def catch_signals(run: "Run") -> None:
     signal.signal(signal.SIGINT, lambda signum, frame: interrupt(run))
 
 
-def interrupt(run: "Run") -> None:
+def interrupt(run: Run) -> None:
     """Ctrl-C (SIGINT): the first one is a preemption (a checkpoint at the end of the iteration, exit 75);
     a second one raises KeyboardInterrupt, which `exit_codes` turns into an immediate exit 130."""
     if signal.SIGINT in run.signals:

@@ -1,6 +1,6 @@
 """The run directory's lease: one live run writes a run directory, and a second launch of the same run stops.
 
-The main rank takes the lease where `runtime` claims the run directory (`load_run`; `claim_run_dir` for a new one)
+The main rank takes the lease where `run_dir` claims the run directory (`choose_run_dir`; `claim_run_dir` for a new one)
 and holds it until the process ends: a POSIX record lock (`fcntl.lockf`) on `{run dir}/lease`, whose text
 names the holder (host, pid, launch id). The operating system drops the lock when the process dies, however
 it dies (an exit, an error, SIGKILL, an out-of-memory kill), so a restart (torchrun's, a SLURM requeue,

@@ -319,7 +319,7 @@ def main() -> None:
             dist.broadcast(tensor, src=0)
     # fused: one kernel for all parameters; the learning rate a tensor, which a captured step reads
     optimizer = graphs.optimizer(optim.Adam, agent.parameters(), args.learning_rate, device, eps=1e-5, fused=True)
-    rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
+    rt.seed_everything(rt.rank_seed(args.seed, rank))
     if ckpt:
         agent.load_state_dict(ckpt["agent"])
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -482,13 +482,14 @@ def main() -> None:
         if flat:
             scalars["perf/grad_sync_seconds"] = grad_sync.take()
         rt.log(run, global_step, scalars, m)
-        if args.sync_check_every and iteration % args.sync_check_every == 0:
+        prev_step = global_step - sizes.batch_size  # the periodic flags count global steps
+        if rt.steps_crossed(prev_step, global_step, args.sync_check_every):
             rt.check_replicas_in_sync(f"iteration {iteration}", world_size, agent, optimizer)
-        reached = evals.evaluate(run, agent, eval_action, make_env, global_step - sizes.batch_size, global_step)
+        reached = evals.evaluate(run, agent, eval_action, make_env, prev_step, global_step, ale=True)
 
         preempted = rt.preempted(run)  # a SIGTERM/SIGUSR1 on any rank stops every rank here
         last = iteration == num_iterations or preempted or reached
-        if last or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
+        if last or rt.steps_crossed(prev_step, global_step, args.checkpoint_every):
             state = dict(agent=agent.state_dict(), agent_kwargs=agent_kwargs, optimizer=optimizer.state_dict())
             rt.save_checkpoint(run, iteration, global_step, None, **state)  # no rank_state: no env state
         if preempted or reached:

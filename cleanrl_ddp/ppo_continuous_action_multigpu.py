@@ -364,7 +364,7 @@ def main() -> None:
             dist.broadcast(tensor, src=0)
     # fused: one kernel for all parameters; the learning rate a tensor, which a captured step reads
     optimizer = graphs.optimizer(optim.Adam, agent.parameters(), args.learning_rate, device, eps=1e-5, fused=True)
-    rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
+    rt.seed_everything(rt.rank_seed(args.seed, rank))
     # the normalisation statistics: equal on every rank (they change only in RunningStats.update)
     obs_stats, return_stats = RunningStats(obs_shape, device), RunningStats((), device)
     if ckpt:
@@ -549,16 +549,16 @@ def main() -> None:
         if flat:
             scalars["perf/grad_sync_seconds"] = grad_sync.take()
         rt.log(run, global_step, scalars, m)
-        if args.sync_check_every and iteration % args.sync_check_every == 0:
+        prev_step = global_step - sizes.batch_size  # the periodic flags count global steps
+        if rt.steps_crossed(prev_step, global_step, args.sync_check_every):
             stats = [*obs_stats.tensors(), *return_stats.tensors()]
             rt.check_replicas_in_sync(f"iteration {iteration}", world_size, agent, optimizer, *stats)
         # evaluation with the current statistics, frozen
-        prev_step = global_step - sizes.batch_size
         reached = evals.evaluate(run, (agent, obs_stats), eval_action, make_env, prev_step, global_step)
 
         preempted = rt.preempted(run)  # a SIGTERM/SIGUSR1 on any rank stops every rank here
         last = iteration == num_iterations or preempted or reached
-        if last or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
+        if last or rt.steps_crossed(prev_step, global_step, args.checkpoint_every):
             # each rank's envs as data (MuJoCo's state, RNGs, step counts), never pickled objects
             env_states = [env_state.capture(env) for env in envs.envs]
             arrays = (next_raw_obs, host_dones[-1].numpy().copy(), episodes.returns, episodes.lengths)

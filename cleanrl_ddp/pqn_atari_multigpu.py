@@ -260,7 +260,7 @@ def main() -> None:
         for tensor in q_network.state_dict().values():  # the same start whichever --grad-sync is used
             dist.broadcast(tensor, src=0)
     optimizer = optim.RAdam(q_network.parameters(), lr=args.learning_rate, foreach=True)  # CUDA's default, on CPU too
-    rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
+    rt.seed_everything(rt.rank_seed(args.seed, rank))
     if ckpt:
         q_network.load_state_dict(ckpt["q_network"])
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -384,13 +384,14 @@ def main() -> None:
             "perf/update_seconds": update_seconds,
         }
         rt.log(run, global_step, scalars, m)
-        if args.sync_check_every and iteration % args.sync_check_every == 0:
+        prev_step = global_step - sizes.batch_size  # the periodic flags count global steps
+        if rt.steps_crossed(prev_step, global_step, args.sync_check_every):
             rt.check_replicas_in_sync(f"iteration {iteration}", world_size, q_network, optimizer)
-        reached = evals.evaluate(run, q_network, eval_action, make_env, global_step - sizes.batch_size, global_step)
+        reached = evals.evaluate(run, q_network, eval_action, make_env, prev_step, global_step, ale=True)
 
         preempted = rt.preempted(run)  # a SIGTERM/SIGUSR1 on any rank stops every rank here
         last = iteration == num_iterations or preempted or reached
-        if last or (args.checkpoint_every and iteration % args.checkpoint_every == 0):
+        if last or rt.steps_crossed(prev_step, global_step, args.checkpoint_every):
             state = dict(q_network=q_network.state_dict(), agent_kwargs=agent_kwargs, optimizer=optimizer.state_dict())
             rt.save_checkpoint(run, iteration, global_step, None, **state)  # no rank_state: no env state
         if preempted or reached:

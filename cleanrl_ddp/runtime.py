@@ -1,153 +1,35 @@
-"""Run plumbing shared by every cleanrl_ddp script, in the order a script calls it: start, load the run, seeding,
-sizes and episodes, open the run, the loop's collectives and logging, checkpoints, the end, exit codes.
-docs/runtime.md describes it.
+"""Run plumbing shared by every cleanrl_ddp script, in the order a script calls it: start, load the run, sizes,
+seeding, episodes, open the run, the loop's schedules, metrics, replica check and preemption vote, checkpoints, the
+end, exit codes. docs/runtime.md describes it.
 
 Plain functions and small dataclasses, called in one line where the thing happens; nothing here calls back
 into a script, and the algorithm and every data-parallel decision stay in the scripts. What no script calls
-lives beside it: launch.py (launcher, signals, device, threads), checkpoint.py, lease.py, errors.py (exit codes,
-RunError); evals.py evaluates an agent and atari.py holds the ALE helpers.
+lives beside it: run.py (`RunArgs` and `Run`, named here), run_dir.py (run directory and restarts), launch.py
+(launcher, signals, device, threads), checkpoint.py, lease.py, errors.py (exit codes, RunError); evals.py evaluates
+an agent and atari.py holds the ALE helpers.
 """
 
-import json
 import os
 import random
 import signal
 import sys
 import time
-from collections import deque
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass
 from datetime import timedelta
-from typing import Any, Literal, Optional
+from typing import Any, Optional
 
 import gymnasium as gym
 import numpy as np
 import torch
 import torch.distributed as dist
-import tyro
 
-from cleanrl_ddp import checkpoint, errors, launch, lease
+from cleanrl_ddp import checkpoint, errors, launch, run_dir
 from cleanrl_ddp.errors import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_LOST_RANK, EXIT_PREEMPTED
+from cleanrl_ddp.run import Run, RunArgs, check_run_flags  # the run itself, its flags: `class Args(rt.RunArgs)`
 
 # errors.py, which imports nothing of ours, defines it; named here, so that a script's `rt.X` resolves in this file
 RunError = errors.RunError  # an error the user can fix: one line from rank 0, then its exit code
-
-
-# ---------------------------------------------------------------------------------------------- flags and the process
-@dataclass
-class RunArgs:
-    """The flags of the run plumbing and of evaluation, and the script flags they read; every script's `Args`
-    extends this with its algorithm's flags (and its own `exp_name`, `env_id`, `total_timesteps`, `eval_greedy`)."""
-
-    exp_name: str = ""
-    """the name of this experiment (part of the run name)"""
-    seed: int = 1
-    """seed of the experiment; rank r's envs and random streams are derived from it"""
-    env_id: str = ""
-    """the id of the environment"""
-    total_timesteps: int = 0
-    """env steps of the whole run, summed over all ranks"""
-    cuda: bool = True
-    """if toggled and CUDA is available, train on `cuda:{local_rank}`"""
-    track: bool = False
-    """if toggled, log to Weights and Biases (one run per job, from rank 0)"""
-    wandb_project_name: str = "cleanrl_ddp"
-    """the W&B project name"""
-    wandb_entity: Optional[str] = None
-    """the W&B entity (team)"""
-    runs_dir: str = "runs"
-    """the directory that holds one sub-directory per run (TensorBoard events, checkpoint.pt, videos)"""
-    run_name: Optional[str] = None
-    """the run's directory name; default `{UTC start}__{env_id}__{exp_name}__{seed}__{launch id}`, kept by restarts"""
-    eval_every: int = 0
-    """run evaluation episodes on rank 0 every N global steps (0 = never)"""
-    eval_greedy: bool = True
-    """if toggled, evaluation acts greedily (each script says how); --no-eval-greedy samples"""
-    eval_episodes: int = 10
-    """episodes per evaluation, played in parallel in rank 0's separate evaluation envs"""
-    target_return: Optional[float] = None
-    """stop every rank (after a checkpoint) once an evaluation's mean return reaches this"""
-    capture_video: bool = False
-    """record each evaluation's first episode to {run dir}/videos and TensorBoard/W&B (needs the video extra)"""
-    backend: Optional[Literal["nccl", "gloo"]] = None
-    """the torch.distributed backend; default NCCL on CUDA, gloo on CPU (gloo also lets ranks share a GPU)"""
-    dist_timeout: float = 300.0
-    """seconds a collective may wait for a missing or stalled rank before the job fails"""
-    share_gpus: bool = False
-    """with NCCL, allow more ranks per node than visible GPUs (e.g. srun --gpus-per-task=1: each sees its own)"""
-    sync_check_every: int = 0
-    """every N iterations (DQN, SAC, TD3: global steps), compare the ranks' weights and optimizer state (0 = off)"""
-    checkpoint_every: int = 25
-    """write checkpoint.pt every N iterations; 0 = only at the end and when stopped"""
-    resume: Optional[str] = None
-    """continue from a run directory or a checkpoint.pt file (its flags are the defaults; flags given here win)"""
-
-
-MAX_DIST_TIMEOUT = 365 * 86400
-"""the longest --dist-timeout (a year): torch.distributed keeps its timeout in milliseconds"""
-
-
-def check_run_flags(args: RunArgs) -> None:
-    """Raise RunError for run flags that are out of range or that need another flag."""
-    for name in ("checkpoint_every", "sync_check_every", "eval_every"):
-        if getattr(args, name) < 0:
-            raise RunError(f"--{name.replace('_', '-')} must be 0 (off) or positive")
-    if args.eval_episodes < 1:
-        raise RunError(f"--eval-episodes must be at least 1, got {args.eval_episodes}")
-    if args.target_return is not None and not args.eval_every:
-        raise RunError("--target-return needs --eval-every N (the evaluation decides the stop)")
-    if args.capture_video and not args.eval_every:
-        raise RunError("--capture-video needs --eval-every N (videos are of the evaluation episodes)")
-    if args.capture_video:
-        try:
-            import moviepy  # noqa: F401 (gymnasium's RecordVideo and TensorBoard's add_video use it)
-        except ImportError:
-            raise RunError("--capture-video needs moviepy: pip install -e '.[video]'") from None
-    if not 0 < args.dist_timeout <= MAX_DIST_TIMEOUT:  # inf overflows the process group's timeout
-        raise RunError(
-            f"--dist-timeout must be positive (seconds) and at most {MAX_DIST_TIMEOUT}, got {args.dist_timeout}"
-        )
-
-
-@dataclass
-class Progress:
-    """Rank 0's progress line: the SPS clock (evaluation time excluded), the recent returns, what was printed when."""
-
-    sps_window: deque = field(default_factory=lambda: deque(maxlen=11))
-    paused_seconds: float = 0.0  # evaluation time, excluded from SPS
-    recent_returns: deque = field(default_factory=lambda: deque(maxlen=100))
-    last_print: float = 0.0
-    last_line: str = ""  # the newest progress line, not yet printed to a log file
-
-
-@dataclass
-class Run:
-    """Who this process is in the job, and where the run writes. Made by `start`, filled in by `load_run` and
-    `open_run`."""
-
-    script: str
-    args: Any
-    rank: int
-    world_size: int
-    device: torch.device
-    backend: Optional[str]
-    signals: list = field(default_factory=list)  # preemption signals received, appended by the handler
-    run_dir: str = ""
-    new_dir: bool = False  # `claim_run_dir` creates the run directory, exclusively (a new run, not a restart)
-    sizes: dict = field(default_factory=dict)  # the script's `Sizes`, as data
-    writer: Any = None
-    wandb_run_id: Optional[str] = None
-    progress: Progress = field(default_factory=Progress)
-    launch_id: str = ""  # this launch's id (`launch.launch_id`), set by `load_run` on rank 0: the lease names it
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0  # the GLOBAL rank: one writer per job, across nodes
-
-    @property
-    def on_cuda(self) -> bool:
-        """On CUDA: host buffers page-locked (`pin_memory=`), their copies `non_blocking=`; a value, not a branch."""
-        return self.device.type == "cuda"
 
 
 # ---------------------------------------------------------------------------------------------- start
@@ -178,6 +60,28 @@ def start(args: RunArgs, script: str) -> Run:
     return run
 
 
+def load_run(run: Run, args: RunArgs, required: tuple = ()) -> tuple[Any, Optional[dict]]:
+    """Name the run directory, take its lease, load the checkpoint to continue from and merge its flags with this
+    command line's; returns (args, checkpoint or None). Every launch calls it: a new run loads nothing.
+
+    Rank 0 decides (`run_dir.choose_run_dir`) and every rank learns the outcome (or the same RunError).
+    """
+    outcome = None
+    if run.is_main:
+        try:
+            outcome = run_dir.choose_run_dir(run, args, required)
+        except RunError as e:
+            outcome = e
+    outcome = broadcast_from_main(run, outcome)
+    if isinstance(outcome, RunError):
+        raise outcome
+    run.run_dir, run.args, ckpt, run.new_dir = outcome
+    run.wandb_run_id = ckpt.get("wandb_run_id") if ckpt else None
+    if ckpt:
+        check_run_flags(run.args)
+    return run.args, ckpt
+
+
 def check_env(env_id: str, make_env, action_space: type, hint: str) -> None:
     """Raise RunError unless `make_env(env_id)()` makes an env with a Box observation space and an `action_space`.
 
@@ -198,174 +102,7 @@ def check_env(env_id: str, make_env, action_space: type, hint: str) -> None:
             raise RunError(f"--env-id {env_id} {found}; this script needs a {wanted.__name__} one ({hint})")
 
 
-# ------------------------------------------------------------------------------------------ run directory and resume
-FLAGS_FILE = "flags.json"
-"""written into a new run directory: the script and flags that made it, so that a restart recognises its own"""
-NOT_FROM_CHECKPOINT = ("track", "wandb_project_name", "wandb_entity", "resume")
-"""flags always taken from this command line, never from a checkpoint (a file someone else may have written)"""
-
-
-def load_run(run: Run, args: RunArgs, required: tuple = ()) -> tuple[Any, Optional[dict]]:
-    """Name the run directory, take its lease, load the checkpoint to continue from and merge its flags with this
-    command line's; returns (args, checkpoint or None). Every launch calls it: a new run loads nothing.
-
-    Rank 0 decides and every rank learns the outcome (or the same RunError). A checkpoint is taken
-    from `--resume`, or from the run directory itself when it holds one written with the same flags as
-    this command line (an elastic restart or a requeued job replays its command); a run directory of
-    other flags is refused. A resumed run takes the checkpoint's flags as its defaults (`take_saved_flags`).
-    """
-    outcome = None
-    if run.is_main:
-        try:
-            run.launch_id = launch.launch_id()
-            run_dir, new_dir, ckpt = name_run_dir(args), False, None
-            if args.resume:  # continue writing into the directory of the checkpoint
-                ckpt = checkpoint.load_checkpoint(args.resume, run.script, required)
-                run_dir = args.resume if os.path.isdir(args.resume) else os.path.dirname(args.resume) or "."
-            elif os.path.lexists(run_dir):  # a restart of this launch, or another run's directory
-                ckpt = load_restart_checkpoint(run, args, run_dir, required)
-            else:
-                new_dir = True
-            if ckpt is not None:
-                args = take_saved_flags(run, args, ckpt, args.resume or run_dir)
-            if os.path.isdir(run_dir) and (refusal := lease.take_or_refuse(run_dir, run.launch_id)):  # first
-                raise RunError(refusal)
-            outcome = (run_dir, args, ckpt, new_dir)
-        except RunError as e:
-            outcome = e
-    outcome = broadcast_from_main(run, outcome)
-    if isinstance(outcome, RunError):
-        raise outcome
-    run.run_dir, run.args, ckpt, run.new_dir = outcome
-    run.wandb_run_id = ckpt.get("wandb_run_id") if ckpt else None
-    if ckpt:
-        check_run_flags(run.args)
-    return run.args, ckpt
-
-
-def name_run_dir(args: RunArgs) -> str:
-    """The run directory: `--run-name`, else `{UTC start}__{env_id}__{exp_name}__{seed}__{launch id}`."""
-    run_name = args.run_name
-    if run_name is None:
-        run_name = launch.default_run_name(args.runs_dir, f"{args.env_id}__{args.exp_name}__{args.seed}")
-    run_name = run_name.replace("/", "-")
-    check_run_name(run_name)
-    return os.path.join(args.runs_dir, run_name)
-
-
-def check_run_name(run_name: str) -> None:
-    """A run name is a plain directory name: not empty, not `.` or `..`, no leading dot."""
-    if not run_name or run_name.startswith("."):
-        raise RunError(f"--run-name must be a plain name (not empty, no leading dot, not . or ..), got {run_name!r}")
-
-
-def load_restart_checkpoint(run: Run, args: RunArgs, run_dir: str, required: tuple) -> Optional[dict]:
-    """The checkpoint in an existing `run_dir` (None before its first one), if this command's flags made the run:
-    an elastic restart or a requeued job replays its command. A directory of other flags is refused."""
-    if os.path.isfile(os.path.join(run_dir, "checkpoint.pt")):
-        ckpt = checkpoint.load_checkpoint(run_dir, run.script, required)
-        diffs = differing_flags(ckpt["args"], args, ckpt["sizes"], run.world_size)
-    else:  # a restart before the first checkpoint, or not ours
-        ckpt = None
-        try:
-            with open(os.path.join(run_dir, FLAGS_FILE)) as f:
-                made_by = json.load(f)
-            diffs = differing_flags(made_by["args"], args) if made_by["script"] == run.script else ["--script"]
-        except (OSError, ValueError, KeyError, TypeError):
-            diffs = ["(no flags.json: not made by this command)"]
-    if diffs:
-        raise RunError(
-            f"{run_dir} belongs to a run with other flags: {'; '.join(diffs[:4])}; pass --resume {run_dir} "
-            "to continue that run, or another --run-name for a new one (nothing was written)"
-        )
-    return ckpt
-
-
-def differing_flags(saved: dict, args: RunArgs, sizes: Optional[dict] = None, world_size: int = 1) -> list:
-    """The flags of this command line (`args`) whose values differ from a run's `saved` flags, as `--flag value`.
-
-    `resume` is left out. A per-rank flag also matches the value that keeps the checkpoint's global `sizes` at
-    this world size: an elastic restart or a requeue onto another task count replays the same command.
-    """
-    here, saved = json.loads(json.dumps(asdict(args))), json.loads(json.dumps(saved))
-    local = per_rank_flags(saved, sizes, world_size) if sizes else {}
-    diffs = []
-    for name, value in here.items():
-        if name == "resume" or name not in saved or value in (saved[name], local.get(name, saved[name])):
-            continue
-        diffs.append(f"--{name.replace('_', '-')} {value} (the run's: {saved[name]})")
-    return diffs
-
-
-def take_saved_flags(run: Run, args: RunArgs, ckpt: dict, source: str) -> RunArgs:
-    """This command's flags over the checkpoint's: the checkpoint's are the defaults, flags given here win.
-
-    Except: the env id and the global sizes stay the checkpoint's, and the `NOT_FROM_CHECKPOINT` flags come
-    from this command line only. At another world size, the per-rank flags are derived again from the
-    checkpoint's global sizes (`per_rank_flags`); the value the checkpoint was written with is accepted
-    too, since torchrun and SLURM replay the same command.
-    """
-    saved = {k: v for k, v in ckpt["args"].items() if k in {f.name for f in fields(type(args))}}
-    checkpoint.check_saved_env_id(str(saved.get("env_id")), args.env_id, source)
-    local = per_rank_flags(saved, ckpt["sizes"], run.world_size)
-    cli, args = args, tyro.cli(type(args), default=type(args)(**(saved | local)))
-    for name in NOT_FROM_CHECKPOINT:
-        setattr(args, name, getattr(cli, name))
-    if args.env_id != saved["env_id"]:
-        raise RunError(f"--resume: {source} trained {saved['env_id']}, not --env-id {args.env_id}")
-    for name, value in local.items():  # the saved value: a restart replaying its command line
-        if getattr(args, name) not in (value, saved[name]):
-            total = name.removeprefix("local_")
-            raise RunError(
-                f"--resume: --{name.replace('_', '-')} {getattr(args, name)} on {run.world_size} rank(s) "
-                f"changes the checkpoint's {total} {ckpt['sizes'][total]}; omit it (each rank gets {value})"
-            )
-        setattr(args, name, value)
-    return args
-
-
-def per_rank_flags(saved_args: dict, sizes: dict, world_size: int) -> dict:
-    """The per-rank flags that keep a checkpoint's global sizes at `world_size`: `local_X = X / world_size`.
-
-    Every flag `local_X` whose global `X` the checkpoint's sizes hold is derived again: 8 envs saved
-    as 2 ranks x `--local-num-envs 4` resume on 4 ranks as `--local-num-envs 2`. Raises RunError,
-    naming the world sizes that would work, when a global size does not divide.
-    """
-    names = [name for name in saved_args if name.startswith("local_") and name.removeprefix("local_") in sizes]
-    totals = {name: sizes[name.removeprefix("local_")] for name in names}
-    if not totals:
-        return {}
-    fits = [w for w in range(1, min(totals.values()) + 1) if all(total % w == 0 for total in totals.values())]
-    if world_size not in fits:
-        what = " and ".join(f"{name.removeprefix('local_')} {total}" for name, total in totals.items())
-        raise RunError(
-            f"--resume: the checkpoint's {what} cannot be split evenly over {world_size} ranks; "
-            f"relaunch with one of these world sizes: {', '.join(map(str, fits))}"
-        )
-    return {name: total // world_size for name, total in totals.items()}
-
-
-# ---------------------------------------------------------------------------------------------- seeds and RNG streams
-def seed_everything(seed: int) -> None:
-    """Seed Python's, NumPy's and torch's global generators."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def resume_rng(run: Run, ckpt: dict, seed: int) -> None:
-    """Every rank's RNG streams as saved; at another world size, new ones from (seed, rank, iteration).
-
-    The saved streams belong to the old ranks: a changed world size cannot continue them, so it seeds
-    streams that no earlier attempt used and that the same restart reproduces.
-    """
-    if ckpt["world_size"] == run.world_size:
-        checkpoint.set_rng_states(ckpt["rng"][run.rank], run.device)
-    else:
-        seed_everything(int(np.random.SeedSequence([seed, run.rank, ckpt["iteration"]]).generate_state(1)[0]))
-
-
-# ---------------------------------------------------------------------------------------------- sizes and episodes
+# ---------------------------------------------------------------------------------------------- sizes
 def require_at_least_1(args: RunArgs, *names: str) -> None:
     """Raise RunError naming the first flag of `names` below 1."""
     for name in names:
@@ -383,6 +120,33 @@ class Sizes:
     num_iterations: int
 
 
+# ---------------------------------------------------------------------------------------------- seeds and RNG streams
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global generators."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def rank_seed(seed: int, rank: int, *more: int) -> int:
+    """A seed of rank `rank`'s own (and of `more`, e.g. an iteration), drawn from the run's `seed`: streams that no
+    other rank shares, and the same seed again for the same (seed, rank, ...)."""
+    return int(np.random.SeedSequence([seed, rank, *more]).generate_state(1)[0])
+
+
+def resume_rng(run: Run, ckpt: dict, seed: int) -> None:
+    """Every rank's RNG streams as saved; at another world size, new ones from (seed, rank, iteration).
+
+    The saved streams belong to the old ranks: a changed world size cannot continue them, so it seeds
+    streams that no earlier attempt used and that the same restart reproduces.
+    """
+    if ckpt["world_size"] == run.world_size:
+        checkpoint.set_rng_states(ckpt["rng"][run.rank], run.device)
+    else:
+        seed_everything(rank_seed(seed, run.rank, ckpt["iteration"]))
+
+
+# ------------------------------------------------------------------------------------ episodes and copies to the device
 class Episodes:
     """Each env's running episode return and length (as gymnasium's RecordEpisodeStatistics keeps them), and the
     sums of the episodes that ended since the last `take`, by name: the metrics `all_sum` reduces and `log` logs."""
@@ -420,60 +184,34 @@ def to_device(array: np.ndarray, device: torch.device, staging: Optional[torch.T
     return staging.to(device, non_blocking=device.type == "cuda")
 
 
+class Stopwatch:
+    """The wall time spent inside `with stopwatch:` blocks, summed until `take()` (e.g. the flat all-reduce's)."""
+
+    def __init__(self):
+        self.seconds = 0.0
+
+    def __enter__(self):
+        self.started = time.perf_counter()
+
+    def __exit__(self, *_):
+        self.seconds += time.perf_counter() - self.started
+
+    def take(self) -> float:
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
+
+
 # ---------------------------------------------------------------------------------------------- open the run
 def open_run(run: Run, sizes: Sizes, ckpt: Optional[dict]) -> None:
     """Check the sizes against the checkpoint, claim the run directory, start the SPS clock, open the logs."""
     run.sizes = asdict(sizes)
-    check_resumable(run, run.sizes, ckpt)
-    claim_run_dir(run)
+    run_dir.check_resumable(run, run.sizes, ckpt)
+    error = broadcast_from_main(run, run_dir.claim_run_dir(run) if run.is_main else None)
+    if error:  # every rank stops alike
+        raise RunError(error)
     run.progress.sps_window.append((time.time(), ckpt["global_step"] if ckpt else 0))
     if run.is_main:
         open_logs(run, run.sizes, ckpt)
-
-
-def check_resumable(run: Run, sizes: dict, ckpt: Optional[dict]) -> None:
-    """Refuse a resume that changes the global batch, or of a run that has finished its --total-timesteps."""
-    if not ckpt:
-        return
-    # A resumed run keeps its global batch: its schedules depend on it (`load_run` already kept the env count;
-    # another --num-steps would still change the batch).
-    if ckpt["sizes"].get("batch_size") != sizes.get("batch_size"):
-        saved = ckpt["sizes"].get("batch_size")
-        raise RunError(
-            f"--resume: the checkpoint's batch_size is {saved}, not {sizes.get('batch_size')}: keep its sizes"
-        )
-    if ckpt["iteration"] >= sizes.get("num_iterations", ckpt["iteration"] + 1):
-        raise RunError(
-            f"{run.run_dir} has finished: its checkpoint is at global step {ckpt['global_step']}, and "
-            f"--total-timesteps {run.args.total_timesteps} asks for no more; to train on, pass --resume {run.run_dir} "
-            "with a larger --total-timesteps (nothing was written)"
-        )
-
-
-def claim_run_dir(run: Run) -> None:
-    """Rank 0 creates a new run directory exclusively and writes its flags.json, or checks that a restart's
-    directory is writable; every rank raises the same RunError if it could not. Created only now: a run that
-    fails its checks before this writes nothing."""
-    error = None
-    if run.is_main:
-        try:
-            if run.new_dir:  # claimed exclusively: never into a directory another run created
-                os.makedirs(run.run_dir, exist_ok=True)  # (rank 0's evaluation recorder may have made it)
-                error = lease.take_or_refuse(run.run_dir, run.launch_id)  # None, or the live run that holds it
-                if error is None:
-                    with open(os.path.join(run.run_dir, FLAGS_FILE), "x") as f:
-                        json.dump(dict(script=run.script, args=asdict(run.args)), f, indent=1)
-            else:
-                probe = os.path.join(run.run_dir, f".write-test.{os.getpid()}")
-                open(probe, "w").close()
-                os.remove(probe)
-        except FileExistsError:
-            error = f"another run created {run.run_dir} meanwhile: pass another --run-name (nothing was written)"
-        except OSError as e:
-            error = f"cannot write to the run directory {run.run_dir}: {e.strerror}"
-    error = broadcast_from_main(run, error)
-    if error:
-        raise RunError(error)
 
 
 def open_logs(run: Run, sizes: dict, ckpt: Optional[dict]) -> None:
@@ -508,14 +246,14 @@ def open_logs(run: Run, sizes: dict, ckpt: Optional[dict]) -> None:
         )
 
 
-# ---------------------------------------------------------------------------------------------- collectives
-def broadcast_from_main(run: Run, obj):
-    """Rank 0's `obj` on every rank (one collective; nothing to do with one process)."""
-    if run.world_size == 1:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+# ------------------------------------------------------------------- the loop: schedules, metrics, replicas, preemption
+def steps_crossed(prev_step: int, global_step: int, every: int) -> int:
+    """How many multiples of `every` lie in (prev_step, global_step]: the schedule of periodic events.
+
+    The global step grows by the global batch per iteration, so a period that is not a multiple of it
+    is still kept on average, and every rank computes the same answer from the same global step.
+    """
+    return global_step // every - prev_step // every if every > 0 else 0
 
 
 def all_sum(run: Run, metrics: dict) -> dict:
@@ -526,12 +264,30 @@ def all_sum(run: Run, metrics: dict) -> dict:
     return dict(zip(metrics, values.tolist(), strict=True))
 
 
-def preempted(run: Run) -> bool:
-    """Whether any rank has received SIGTERM/SIGUSR1: one all-reduce of the votes, so all ranks agree."""
-    vote = torch.tensor([float(bool(run.signals))], device=run.device)
-    if run.world_size > 1:
-        dist.all_reduce(vote)
-    return vote.item() > 0
+def log(run: Run, global_step: int, scalars: dict, episodes: dict) -> None:
+    """Rank 0: write `scalars`, the episode means and SPS, and show progress (no collective). `episodes` holds,
+    by name, the sums of `Episodes.take` over all ranks (`all_sum`'s output may be passed whole)."""
+    run.progress.sps_window.append((time.time() - run.progress.paused_seconds, global_step))
+    (t0, s0), (t1, s1) = run.progress.sps_window[0], run.progress.sps_window[-1]
+    sps = int((s1 - s0) / max(t1 - t0, 1e-9))
+    if not run.is_main:
+        return
+    return_sum, length_sum, count = (episodes[k] for k in ("episode_return_sum", "episode_length_sum", "episodes"))
+    scalars = {**scalars, "charts/episodes": count, "charts/SPS": sps}
+    if count:
+        scalars.update({"charts/episodic_return": return_sum / count, "charts/episodic_length": length_sum / count})
+        run.progress.recent_returns.append(return_sum / count)
+    for tag, value in scalars.items():
+        run.writer.add_scalar(tag, value, global_step)
+    total = run.args.total_timesteps
+    recent = np.mean(run.progress.recent_returns) if run.progress.recent_returns else float("nan")
+    line = f"step {global_step}/{total} ({100 * global_step / total:.0f}%)  SPS {sps}  return {recent:.1f}"
+    run.progress.last_line = line
+    if sys.stdout.isatty():  # one live line on a terminal, a line every 10 s in a log file
+        print("\r" + line, end="", flush=True)
+    elif time.time() - run.progress.last_print >= 10:
+        run.progress.last_print, run.progress.last_line = time.time(), ""
+        print(line, flush=True)
 
 
 def check_replicas_in_sync(where: str, world_size: int, *objects) -> None:
@@ -573,59 +329,6 @@ def state_checksum(*objects) -> torch.Tensor:
     return total
 
 
-# ---------------------------------------------------------------------------------------------- logging
-def steps_crossed(prev_step: int, global_step: int, every: int) -> int:
-    """How many multiples of `every` lie in (prev_step, global_step]: the schedule of periodic events.
-
-    The global step grows by the global batch per iteration, so a period that is not a multiple of it
-    is still kept on average, and every rank computes the same answer from the same global step.
-    """
-    return global_step // every - prev_step // every if every > 0 else 0
-
-
-def log(run: Run, global_step: int, scalars: dict, episodes: dict) -> None:
-    """Rank 0: write `scalars`, the episode means and SPS, and show progress (no collective). `episodes` holds,
-    by name, the sums of `Episodes.take` over all ranks (`all_sum`'s output may be passed whole)."""
-    run.progress.sps_window.append((time.time() - run.progress.paused_seconds, global_step))
-    (t0, s0), (t1, s1) = run.progress.sps_window[0], run.progress.sps_window[-1]
-    sps = int((s1 - s0) / max(t1 - t0, 1e-9))
-    if not run.is_main:
-        return
-    return_sum, length_sum, count = (episodes[k] for k in ("episode_return_sum", "episode_length_sum", "episodes"))
-    scalars = {**scalars, "charts/episodes": count, "charts/SPS": sps}
-    if count:
-        scalars.update({"charts/episodic_return": return_sum / count, "charts/episodic_length": length_sum / count})
-        run.progress.recent_returns.append(return_sum / count)
-    for tag, value in scalars.items():
-        run.writer.add_scalar(tag, value, global_step)
-    total = run.args.total_timesteps
-    recent = np.mean(run.progress.recent_returns) if run.progress.recent_returns else float("nan")
-    line = f"step {global_step}/{total} ({100 * global_step / total:.0f}%)  SPS {sps}  return {recent:.1f}"
-    run.progress.last_line = line
-    if sys.stdout.isatty():  # one live line on a terminal, a line every 10 s in a log file
-        print("\r" + line, end="", flush=True)
-    elif time.time() - run.progress.last_print >= 10:
-        run.progress.last_print, run.progress.last_line = time.time(), ""
-        print(line, flush=True)
-
-
-class Stopwatch:
-    """The wall time spent inside `with stopwatch:` blocks, summed until `take()`."""
-
-    def __init__(self):
-        self.seconds = 0.0
-
-    def __enter__(self):
-        self.started = time.perf_counter()
-
-    def __exit__(self, *_):
-        self.seconds += time.perf_counter() - self.started
-
-    def take(self) -> float:
-        seconds, self.seconds = self.seconds, 0.0
-        return seconds
-
-
 @contextmanager
 def off_the_clock(run: Run):
     """Time spent inside (evaluation) does not count in SPS."""
@@ -634,6 +337,23 @@ def off_the_clock(run: Run):
         yield
     finally:
         run.progress.paused_seconds += time.time() - started
+
+
+def broadcast_from_main(run: Run, obj):
+    """Rank 0's `obj` on every rank (one collective; nothing to do with one process)."""
+    if run.world_size == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def preempted(run: Run) -> bool:
+    """Whether any rank has received SIGTERM/SIGUSR1: one all-reduce of the votes, so all ranks agree."""
+    vote = torch.tensor([float(bool(run.signals))], device=run.device)
+    if run.world_size > 1:
+        dist.all_reduce(vote)
+    return vote.item() > 0
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints

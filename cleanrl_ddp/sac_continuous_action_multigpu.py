@@ -34,8 +34,6 @@ class Args(rt.RunArgs):
     """the name of this experiment (part of the run name)"""
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    checkpoint_every: int = 100000
-    """write checkpoint.pt every N global steps (0 = only at the end, at a stop and on preemption)"""
 
     # Algorithm specific arguments
     env_id: str = "Hopper-v5"
@@ -286,7 +284,7 @@ def main() -> None:
     target_entropy = -float(action_dim)
     log_alpha = torch.zeros(1, requires_grad=True, device=device)
     a_optimizer = graphs.optimizer(optim.Adam, [log_alpha], args.q_lr, device, fused=True)
-    rt.seed_everything(int(np.random.SeedSequence([args.seed, rank]).generate_state(1)[0]))
+    rt.seed_everything(rt.rank_seed(args.seed, rank))
     # every learned quantity by its checkpoint key: all must stay identical on every rank
     learned = dict(actor=actor, qf=qf, qf_target=qf_target, actor_optimizer=actor_optimizer)
     learned |= dict(q_optimizer=q_optimizer, a_optimizer=a_optimizer)
@@ -391,7 +389,7 @@ def main() -> None:
     # the envs are not saved: a resumed run seeds them past the earlier attempts' seeds
     obs, _ = envs.reset(seed=args.seed + rank * n + (start_iteration - 1) * sizes.num_envs)
     # the replay buffer lives on the training device, sampled there by this rank's own generator
-    sample_seed = int(np.random.SeedSequence([args.seed, rank, start_iteration]).generate_state(1)[0])
+    sample_seed = rt.rank_seed(args.seed, rank, start_iteration)
     rb = replay.ReplayBuffer(sizes.local_buffer_size, obs_dim, action_dim, device, sample_seed)
     episodes = rt.Episodes(n)
     # this rank's update sums since the last logged step, on the device until then

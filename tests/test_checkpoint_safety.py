@@ -42,6 +42,7 @@ from helpers import (
 from cleanrl_ddp import checkpoint, env_state, evaluate
 from cleanrl_ddp import launch as launcher
 from cleanrl_ddp import runtime as rt
+from cleanrl_ddp.run_dir import FLAGS_FILE
 
 
 @dataclass
@@ -345,7 +346,7 @@ def test_ctrl_c_to_a_two_rank_run_checkpoints_exits_75_and_resumes(tmp_path, mon
     run."""
     port, runs = free_port(), tmp_path / "runs"
     flags = ["--env-id", "CartPole-v1", "--local-num-envs", 2, "--num-steps", 16, "--num-minibatches", 2]
-    flags += ["--update-epochs", 1, "--total-timesteps", 64 * 300, "--runs-dir", runs, "--checkpoint-every", 2]
+    flags += ["--update-epochs", 1, "--total-timesteps", 64 * 300, "--runs-dir", runs, "--checkpoint-every", 128]
     procs = []
     for rank in range(2):
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
@@ -372,4 +373,4 @@ def test_ctrl_c_to_a_two_rank_run_checkpoints_exits_75_and_resumes(tmp_path, mon
 
     main_output(monkeypatch, capsys, "ppo_multigpu.py", "--resume", run_dir, "--total-timesteps", stopped + 64 * 2)
     final = torch.load(run_dir / "checkpoint.pt", weights_only=True)
-    assert final["global_step"] == stopped + 64 * 2 and json.loads((run_dir / rt.FLAGS_FILE).read_text())
+    assert final["global_step"] == stopped + 64 * 2 and json.loads((run_dir / FLAGS_FILE).read_text())

@@ -105,8 +105,9 @@ def plan(tmp_path_factory) -> dict:
         if spec.target_kl:  # 4 iterations
             flags = [*spec.tiny, *COMMON, "--total-timesteps", 4 * 2 * spec.local_batch, *spec.target_kl]
             runs["target_kl", script] = Run(2, spec, 2, flags, outdir(script, "target-kl"))
-        if spec.two_nodes:  # a parameter nudged on rank 1 after its 2nd optimizer step (iteration 1)
-            flags = [*spec.tiny, *COMMON, "--total-timesteps", 4 * 2 * spec.local_batch, "--sync-check-every", "2"]
+        if spec.two_nodes:  # a parameter nudged on rank 1 after its 2nd optimizer step (iteration 1), checked at 2
+            every = 2 * 2 * spec.local_batch  # the global steps of 2 iterations
+            flags = [*spec.tiny, *COMMON, "--total-timesteps", 4 * 2 * spec.local_batch, "--sync-check-every", every]
             runs["diverge", script] = Run(2, spec, 2, flags, outdir(script, "diverge"), mode="diverge")
             runs["two_nodes", script] = Run.whole("two nodes", spec, "ddp", 2, outdir(script, "two-nodes"))
         if script not in RESUMED_BITWISE:  # the 2-rank run's command again, nothing recorded, in the two-node launch

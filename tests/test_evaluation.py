@@ -1,6 +1,7 @@
 """Evaluation, video and loggers: --eval-every/--target-return in every script, the
 `python -m cleanrl_ddp.evaluate` command, --capture-video, W&B offline runs and TensorBoard's config text."""
 
+import ast
 import importlib
 import re
 import subprocess
@@ -12,6 +13,7 @@ import pytest
 import torch
 from helpers import (
     REPO,
+    SCRIPTS,
     batch_exit_codes,
     batch_job,
     batch_output,
@@ -24,7 +26,7 @@ from helpers import (
     wandb_offline_runs,
 )
 
-from cleanrl_ddp import evals
+from cleanrl_ddp import atari, evals
 from cleanrl_ddp.evaluate import EvalError
 from cleanrl_ddp.evaluate import main as evaluate_main
 
@@ -203,6 +205,25 @@ def test_pqn_evaluation_video_and_evaluate_command(tmp_path, monkeypatch, capsys
     assert (tmp_path / "evaluation" / f"evaluate-step{step}.mp4").stat().st_size > 1000
 
 
+def test_each_script_says_which_envs_it_is_evaluated_in():
+    """No dispatch on `make_env`'s signature: the Atari scripts pass `ale=True` to `evals.evaluate` (their make_env is
+    ALE's vector env maker), no other script does; the tools that hold only the module (the evaluate command,
+    benchmark/throughput.py) read the same from the file name (`atari.is_atari_script`), and every script's make_env
+    makes evaluation envs that way."""
+    for path in sorted(SCRIPTS.glob("*_multigpu.py")):
+        tree = ast.parse(path.read_text())
+        call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) == "evals.evaluate")
+        ale = {k.arg: ast.literal_eval(k.value) for k in call.keywords}.get("ale", False)
+        assert ale == atari.is_atari_script(path.stem) == atari.is_atari_script(f"cleanrl_ddp.{path.stem}"), path.name
+        module = importlib.import_module(f"cleanrl_ddp.{path.stem}")
+        env_id = "Pendulum-v1" if "continuous" in path.stem else "CartPole-v1"  # classic control: no extra needed
+        envs = evals.make_envs(module.make_env, module.Args() if ale else module.Args(env_id=env_id), 2, ale=ale)
+        assert envs.num_envs == 2 and (ale or isinstance(envs, evals.gym.vector.SyncVectorEnv)), path.name
+        envs.close()
+    for tool in ("cleanrl_ddp/evals.py", "cleanrl_ddp/evaluate.py", "benchmark/throughput.py"):
+        assert "signature(" not in (REPO / tool).read_text(), tool
+
+
 @pytest.mark.parametrize("script", ["ppo_atari_multigpu", "dqn_atari_multigpu", "pqn_atari_multigpu"])
 def test_atari_evaluation_keeps_training_streams_and_records_the_game(tmp_path, script):
     """In-process: evaluation draws from its own seeded streams (the same games twice; the training RNGs
@@ -214,7 +235,7 @@ def test_atari_evaluation_keeps_training_streams_and_records_the_game(tmp_path, 
         net, args = module.QNetwork(4), module.Args(eval_epsilon=1.0)
     else:  # PQN: the sampled evaluation plays with epsilon --end-e; Q-values without the CNN's cost
         net, args = lambda x: torch.zeros(len(x), 4), module.Args(end_e=1.0)
-    eval_envs = evals.make_envs(module.make_env, args, 1, str(tmp_path / "videos"))
+    eval_envs = evals.make_envs(module.make_env, args, 1, str(tmp_path / "videos"), ale=True)
     torch_state, numpy_state = torch.get_rng_state(), np.random.get_state()[1].copy()
     cpu = torch.device("cpu")
     returns, lengths, video = evals.play(net, module.eval_action, eval_envs, args, False, 7, cpu, "game")

@@ -65,9 +65,14 @@ class Script:
     def stem(self) -> str:
         return self.name.removesuffix(".py")
 
+    def steps(self, iterations, nproc=2) -> int:
+        """The global steps of `iterations` iterations with `nproc` processes: the unit of --total-timesteps and of
+        every periodic flag (--checkpoint-every, --sync-check-every, --eval-every)."""
+        return iterations * self.local_steps * max(nproc, 1)
+
     def args(self, iterations, runs_dir, *extra, nproc=2, env_id=None) -> list:
         """A run of `iterations` iterations with `nproc` processes (0: plain python, one process)."""
-        total = iterations * self.local_steps * max(nproc, 1)
+        total = self.steps(iterations, nproc)
         run = ["--env-id", env_id or self.env_id, *self.tiny, "--total-timesteps", total, "--runs-dir", runs_dir]
         return [*run, *extra]
 
@@ -125,8 +130,8 @@ PQN_ATARI = Script(
     learning_rate=2.5e-4,
     tags=("losses/td_loss", "charts/epsilon"),
 )
-# --checkpoint-every and --log-every count global steps (4 per iteration here): every iteration logs and,
-# under --checkpoint-every 1 or 2, saves; updates start at global step 64 (after a resume, 64 steps later)
+# --log-every counts global steps (4 per iteration here): every iteration logs; updates start at global step 64
+# (after a resume, 64 steps later)
 DQN = Script(
     "dqn_atari_multigpu.py",
     "BreakoutNoFrameskip-v4",
@@ -138,7 +143,7 @@ DQN = Script(
     tags=("charts/epsilon", "charts/updates"),
 )
 # SAC on Pendulum-v1 (1 env per rank): updates from global step 16 (16 more after a resume: the buffer refill), the
-# actor and log_alpha after every 2nd; every iteration (2 global steps) logs and, under --checkpoint-every 2, saves
+# actor and log_alpha after every 2nd; every iteration (2 global steps) logs
 SAC = Script(
     "sac_continuous_action_multigpu.py",
     "Pendulum-v1",
@@ -232,7 +237,7 @@ def test_sigkill_of_a_worker_restarts_and_finishes_exactly(tmp_path):
     directory's lease; a requeue passes through it in
     test_slurm_job_requeued_onto_fewer_tasks_resumes_with_the_same_global_batch)."""
     iterations = 40
-    flags = PPO.args(iterations, tmp_path, "--checkpoint-every", 2, "--run-name", "shared")
+    flags = PPO.args(iterations, tmp_path, "--checkpoint-every", PPO.steps(2), "--run-name", "shared")
     torchrun = ["--standalone", "--nproc_per_node=2", "--max-restarts=1"]
     proc = start(PPO.name, flags, torchrun_args=torchrun, env=ELASTIC_ENV)
     # events past the checkpoint reached the file: the restart must drop them (purge_step), every step once
@@ -398,7 +403,7 @@ def assert_same_bits(a, b, where="") -> None:
 
 def sigterm_run(script: Script, runs_dir: Path) -> list:
     """The SIGTERM test's run: 2 ranks, a checkpoint every 2 iterations."""
-    return script.args(sigterm_iterations(script), runs_dir, "--checkpoint-every", 2)
+    return script.args(sigterm_iterations(script), runs_dir, "--checkpoint-every", script.steps(2))
 
 
 def stop_when_checkpointed(script: Script, runs_dir: Path, proc, pids) -> None:
@@ -564,7 +569,8 @@ def test_sigterm_then_resume_finishes_and_equals_the_uninterrupted_run(
 def test_sigusr1_to_a_plain_python_run_exits_75(tmp_path):
     """srun-style launch: the signal reaches the process itself, whose exit code the user sees."""
     iterations = 300
-    proc = start(PPO.name, PPO.args(iterations, tmp_path, "--checkpoint-every", 2, nproc=0), nproc=0)
+    every = PPO.steps(2, nproc=0)
+    proc = start(PPO.name, PPO.args(iterations, tmp_path, "--checkpoint-every", every, nproc=0), nproc=0)
     wait_until(lambda: first_checkpoint(tmp_path), 120, proc, "first checkpoint")
     os.kill(proc.pid, signal.SIGUSR1)
     result = finish(proc, 120)
@@ -688,7 +694,8 @@ def test_full_disk_while_saving_keeps_the_previous_checkpoint(tmp_path, finished
 
 
 def test_a_stalled_rank_ends_the_job_with_one_line(tmp_path):
-    proc = start(PPO.name, PPO.args(1000, tmp_path, "--checkpoint-every", 2, "--dist-timeout", 3), nproc=2)
+    flags = PPO.args(1000, tmp_path, "--checkpoint-every", PPO.steps(2), "--dist-timeout", 3)
+    proc = start(PPO.name, flags, nproc=2)
     wait_until(lambda: first_checkpoint(tmp_path), 120, proc, "first checkpoint")
     rank0, rank1 = child_pids(proc.pid)
     os.kill(rank1, signal.SIGSTOP)  # stalls without dying: only the timeout can tell

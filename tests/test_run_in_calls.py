@@ -28,7 +28,7 @@ def test_a_run_in_two_pieces_carried_between_machines_logs_one_curve(tmp_path):
     elsewhere, as to a machine without shared storage, and piece 2 unpacks them into another runs directory and
     finishes."""
     common = ["--script", "cleanrl_ddp/ppo_atari_multigpu.py", "--env-id", "BreakoutNoFrameskip-v4", "--seed", "1"]
-    total = ["--total-timesteps", "1536", "--checkpoint-every", "8"]  # 24 iterations of 64 steps
+    total = ["--total-timesteps", "1536", "--checkpoint-every", "512"]  # 24 iterations of 64 steps, every 8th saves
     out1, carried, out2 = tmp_path / "out1", tmp_path / "carried", tmp_path / "out2"
     first = subprocess.Popen(
         run_in_calls(

@@ -1,16 +1,14 @@
-"""Unit tests of the run module, cleanrl_ddp/runtime.py, and of the modules beside it (launch.py, checkpoint.py,
-env_state.py): in-process and fast (no torchrun), except the exit-code tests, which need a process of their own.
-Whole-script runs elsewhere check each behaviour once."""
+"""Unit tests of the run module, cleanrl_ddp/runtime.py, and of the modules beside it (run.py, launch.py,
+checkpoint.py, env_state.py; run_dir.py: tests/test_run_dir.py): in-process and fast (no torchrun), except the
+exit-code tests, which need a process of their own. Whole-script runs elsewhere check each behaviour once."""
 
 import ast
-import errno
 import importlib
 import os
 import random
-import socket
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from helpers import REPO, read_scalars, wait_until
+from helpers import REPO, main_output, read_scalars, wait_until
 
 from cleanrl_ddp import checkpoint, env_state, launch
 from cleanrl_ddp import runtime as rt
@@ -63,13 +61,16 @@ def launch_env(monkeypatch):
 
 
 def test_every_script_goes_through_the_module():
-    """Each script imports the run module and keeps no copy of its plumbing; every `rt.X` is defined in runtime.py."""
+    """Each script imports the run module and keeps no copy of its plumbing; every `rt.X` is defined in runtime.py
+    (or named there from run.py: `RunArgs`, `Run`)."""
     runtime = ast.parse((REPO / "cleanrl_ddp" / "runtime.py").read_text()).body
     runtime_names = {n.name for n in runtime if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
     runtime_names |= {t.id for n in runtime if isinstance(n, ast.Assign) for t in n.targets}
+    from_run = [n for n in runtime if isinstance(n, ast.ImportFrom) and n.module == "cleanrl_ddp.run"]
+    runtime_names |= {a.name for n in from_run for a in n.names}
     plumbing = {"atomic_save", "load_checkpoint", "read_launch_env", "launch_id", "check_elastic_restarts"}
     plumbing |= {"rng_states", "set_rng_states", "state_checksum", "check_replicas_in_sync", "lost_rank_message"}
-    plumbing |= {"log_video", "steps_crossed", "RunError"}
+    plumbing |= {"log_video", "steps_crossed", "RunError", "name_run_dir", "take_saved_flags", "claim_run_dir"}
     for script in SCRIPTS:
         tree = ast.parse((REPO / "cleanrl_ddp" / f"{script}.py").read_text())
         imports = [a.asname for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names]
@@ -102,8 +103,8 @@ def package_imports(path: Path) -> set:
 
 
 def test_no_import_cycle_and_every_module_imports_on_its_own():
-    """The modules of cleanrl_ddp/ import each other without a cycle (runtime imports launch, checkpoint and lease,
-    which import only errors), and each one imports cleanly first, with none of them loaded."""
+    """The modules of cleanrl_ddp/ import each other without a cycle (runtime imports run_dir, launch, checkpoint and
+    run; below them only errors), and each one imports cleanly first, with none of them loaded."""
     modules = sorted(p.stem for p in (REPO / "cleanrl_ddp").glob("*.py") if p.stem != "__init__")
     graph = {m: package_imports(REPO / "cleanrl_ddp" / f"{m}.py") & set(modules) for m in modules}
     assert graph["errors"] == set(), "errors.py must import nothing of ours"
@@ -229,31 +230,6 @@ def test_launch_id_survives_restarts_and_requeues(launch_env):
     assert launch.launch_id() == "slurm77.3"
     launch_env.setenv("TORCHELASTIC_RUN_ID", "job-5")
     assert launch.launch_id() == "job-5"
-
-
-def test_run_names_sort_by_start_time_and_a_restart_finds_its_own(launch_env, tmp_path):
-    """`ls runs/` lists runs by start time, whatever their env; a restart of one launch (the same torchrun run id or
-    SLURM job and step) continues in the directory its first attempt made, however much later it starts."""
-    clock = [1700000000.0]
-    launch_env.setattr(launch.time, "time", lambda: clock[0])
-    started = []
-    for env_id, run_id in [("Breakout", "b68db908-0c54-4be8-a5d5-05d8f3fed068"), ("ALE/Pong-v5", "slurm77.3")]:
-        launch_env.setenv("TORCHELASTIC_RUN_ID", run_id)
-        run = single_run(tmp_path, env_id=env_id)
-        rt.load_run(run, run.args)
-        rt.open_run(run, rt.Sizes(world_size=1, num_envs=1, batch_size=10, num_iterations=100), None)
-        started.append(os.path.basename(run.run_dir))
-        clock[0] += 61
-    assert started == [
-        "20231114T221320Z__Breakout__test__1__b68db908",
-        "20231114T221421Z__ALE-Pong-v5__test__1__slurm77.3",
-    ]
-    assert sorted(os.listdir(tmp_path)) == started  # by start time, not by env id
-    clock[0] += 3600  # torchrun restarts the first launch's workers an hour later
-    launch_env.setenv("TORCHELASTIC_RUN_ID", "b68db908-0c54-4be8-a5d5-05d8f3fed068")
-    again = single_run(tmp_path, env_id="Breakout")
-    rt.load_run(again, again.args)
-    assert os.path.basename(again.run_dir) == started[0] and not again.new_dir
 
 
 def test_elastic_restart_guard(launch_env):
@@ -406,6 +382,49 @@ def test_steps_crossed_keeps_a_period_that_is_not_a_multiple_of_the_batch():
     assert rt.steps_crossed(0, 16, 4) == 4  # more envs than the period: several events in one step (DQN)
 
 
+PERIODIC = ("checkpoint_every", "sync_check_every", "eval_every", "log_every")
+
+
+def test_every_periodic_flag_counts_global_steps_through_steps_crossed():
+    """RunArgs declares the periodic flags once, in global steps; every script tests each one it reads as
+    `rt.steps_crossed(prev_step, global_step, args.X)` (--eval-every inside `evals.evaluate`), never `iteration % X`."""
+    run_source = (REPO / "cleanrl_ddp" / "run.py").read_text().splitlines()
+    for name in PERIODIC[:3]:
+        line = next(i for i, text in enumerate(run_source) if text.startswith(f"    {name}: int = "))
+        assert "every N global steps" in run_source[line + 1], run_source[line + 1]
+    for path in sorted((REPO / "cleanrl_ddp").glob("*_multigpu.py")):
+        tree = ast.parse(path.read_text())
+        args = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Args")
+        declared = {n.target.id for n in args.body if isinstance(n, ast.AnnAssign)}
+        assert not declared & set(PERIODIC[:3]), f"{path.name} declares a run flag again: its unit is RunArgs'"
+        reads = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr in PERIODIC]
+        crossed = [
+            n.args[2] for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) == "rt.steps_crossed"
+        ]
+        assert {"checkpoint_every", "sync_check_every"} <= {n.attr for n in reads}, path.name
+        for read in reads:
+            assert any(read is c for c in crossed), (
+                f"{path.name}:{read.lineno}: {ast.unparse(read)} outside steps_crossed"
+            )
+        evaluate = next(
+            n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) == "evals.evaluate"
+        )
+        assert [ast.unparse(a) for a in evaluate.args[-2:]] == ["prev_step", "global_step"], path.name
+
+
+@pytest.mark.parametrize("script", ["ppo_multigpu.py", "pqn_multigpu.py"])
+def test_checkpoint_and_sync_check_every_count_global_steps_in_an_iteration_loop(tmp_path, monkeypatch, capsys, script):
+    """In the PPO and PQN loops too (32 global steps per iteration here): --checkpoint-every 48 saves at the
+    iterations that cross 48, 96, 144 and 192 (and at the last), --sync-check-every 96 checks at 96 and 192."""
+    saved, checked, save = [], [], rt.save_checkpoint
+    monkeypatch.setattr(rt, "save_checkpoint", lambda run, i, *a, **k: saved.append(i) or save(run, i, *a, **k))
+    monkeypatch.setattr(rt, "check_replicas_in_sync", lambda where, *a: checked.append(where))
+    flags = ["--env-id", "CartPole-v1", "--local-num-envs", 2, "--num-steps", 16, "--num-minibatches", 2]
+    flags += ["--update-epochs", 1, "--total-timesteps", 7 * 32, "--runs-dir", tmp_path]
+    main_output(monkeypatch, capsys, script, *flags, "--checkpoint-every", 48, "--sync-check-every", 96)
+    assert saved == [2, 3, 5, 6, 7] and checked == ["iteration 3", "iteration 6"]
+
+
 def test_named_metrics_and_preemption_vote_in_one_process(tmp_path):
     run = single_run(tmp_path)
     assert rt.all_sum(run, {"losses/a": torch.tensor(1.5), "count": 3}) == {"losses/a": 1.5, "count": 3.0}
@@ -476,21 +495,6 @@ def test_resume_handshake_then_logs_and_checkpoint(tmp_path, monkeypatch):
         )  # e.g. another --local-num-envs
 
 
-def test_per_rank_flags_keep_the_global_sizes():
-    """Every `local_X` flag whose global `X` the checkpoint holds is X / world size (DQN has two)."""
-    saved = dict(local_num_envs=4, local_batch_size=32, learning_rate=0.1)
-    sizes = dict(world_size=2, num_envs=8, batch_size=64, num_iterations=10)
-    assert rt.per_rank_flags(saved, sizes, 2) == dict(local_num_envs=4, local_batch_size=32)
-    assert rt.per_rank_flags(saved, sizes, 1) == dict(local_num_envs=8, local_batch_size=64)
-    assert rt.per_rank_flags(saved, sizes, 8) == dict(local_num_envs=1, local_batch_size=8)
-    with pytest.raises(
-        rt.RunError, match=r"num_envs 8 and batch_size 64 cannot be split evenly over 3 ranks; .*: 1, 2, 4, 8$"
-    ):
-        rt.per_rank_flags(saved, sizes, 3)
-    ppo = dict(world_size=2, num_envs=6, local_batch_size=96, batch_size=192)  # a derived local size is no flag
-    assert rt.per_rank_flags(dict(local_num_envs=3, num_steps=32), ppo, 3) == dict(local_num_envs=2)
-
-
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 def test_rank_share_hands_every_env_on_in_global_order(world_size):
     """Two ranks' per-env state (lists, tensors, arrays) split again for another world size, env order kept."""
@@ -509,6 +513,27 @@ def test_rank_share_hands_every_env_on_in_global_order(world_size):
     )
 
 
+def test_rank_seed_is_the_seed_sequence_every_script_seeded_with():
+    """rt.rank_seed(seed, rank, *more) is `int(SeedSequence([seed, rank, *more]).generate_state(1)[0])`, the value the
+    scripts spelled out before: the literals below are that expression's, so runs keep reproducing bit for bit."""
+    assert rt.rank_seed(1, 0) == 1835504127 and rt.rank_seed(1, 1) == 1189033389
+    assert rt.rank_seed(1, 3, 7) == 880097667 and rt.rank_seed(12345, 2, 100) == 1633134622  # SAC's, TD3's samples
+    for entropy in ([5, 0], [5, 1], [2**31, 3], [7, 2, 11]):
+        assert rt.rank_seed(*entropy) == int(np.random.SeedSequence(entropy).generate_state(1)[0])
+    assert len({rt.rank_seed(1, rank) for rank in range(64)}) == 64  # every rank a stream of its own
+
+
+def test_every_script_seeds_its_ranks_through_rank_seed():
+    """Each script calls `rt.rank_seed` for its per-rank streams, under its `# CRUCIAL:` seeding comment, and
+    spells out no SeedSequence of its own."""
+    for path in sorted((REPO / "cleanrl_ddp").glob("*_multigpu.py")):
+        source = path.read_text()
+        assert "rt.seed_everything(rt.rank_seed(args.seed, rank))" in source, path.name
+        assert "SeedSequence" not in source, path.name
+        crucial = next(line for line in source.splitlines() if "# CRUCIAL:" in line and "seeds" in line)
+        assert source.index(crucial) < source.index("rt.rank_seed("), path.name
+
+
 def test_resume_rng_continues_the_streams_or_seeds_them_from_seed_rank_and_iteration():
     cpu = torch.device("cpu")
     rt.seed_everything(5)
@@ -524,25 +549,6 @@ def test_resume_rng_continues_the_streams_or_seeds_them_from_seed_rank_and_itera
         streams.setdefault((rank, iteration), []).append(draws())
     assert streams[(0, 7)][0] == streams[(0, 7)][1]  # reproducible
     assert len({s[0] for s in streams.values()} | {expected}) == 4  # and new for every rank and iteration
-
-
-def test_resume_at_another_world_size_derives_the_per_rank_flags_again(tmp_path, monkeypatch):
-    """A checkpoint of 2 ranks x 4 envs resumes in one process with 8 envs; its own flag value (a restart
-    replaying its command line) is read the same way; a value that changes the 8 envs is refused."""
-    monkeypatch.setattr(sys, "argv", ["script"])
-    args = asdict(Args(runs_dir=str(tmp_path), local_num_envs=4))
-    ckpt = dict(script="ppo_multigpu", args=args, sizes=dict(num_envs=8, batch_size=64), world_size=2)
-    ckpt |= dict(iteration=3, global_step=192, rng=[None, None], rank_state=[None, None])
-    checkpoint.atomic_save(ckpt, str(tmp_path / "checkpoint.pt"))
-    for argv, local_num_envs in ([], 8), (["--local-num-envs", "4"], 8), (["--local-num-envs", "8"], 8):
-        monkeypatch.setattr(sys, "argv", ["script", *argv])
-        resumed, _ = rt.load_run(single_run(tmp_path), Args(resume=str(tmp_path)))
-        assert resumed.local_num_envs == local_num_envs, argv
-    monkeypatch.setattr(sys, "argv", ["script", "--local-num-envs", "2"])
-    with pytest.raises(
-        rt.RunError, match=r"--local-num-envs 2 on 1 rank\(s\) changes the checkpoint's num_envs 8; omit"
-    ):
-        rt.load_run(single_run(tmp_path), Args(resume=str(tmp_path)))
 
 
 def test_wandb_continues_the_checkpoints_run(tmp_path, monkeypatch):
@@ -627,41 +633,3 @@ def test_check_env_names_the_space_and_ends_with_the_hint():
         rt.check_env("CartPole-v1", make_env, gym.spaces.Box, hint="try X")
     with pytest.raises(rt.RunError, match=r"^unknown --env-id 'NoSuchEnv-v0' \(\w+\); try X$"):
         rt.check_env("NoSuchEnv-v0", make_env, gym.spaces.Box, hint="try X")
-
-
-def test_the_lease_names_a_live_holder_and_passes_to_the_next_once_it_dies(tmp_path, monkeypatch, capsys):
-    """cleanrl_ddp/lease.py: another live process's lease is refused in one line naming it; once that process is
-    gone, this one takes the lease and names itself in the file; a file system without locks warns and goes on."""
-    from cleanrl_ddp import lease
-
-    monkeypatch.setattr(lease, "_held", {})
-    holder_code = (
-        "import sys; from cleanrl_ddp import lease; lease.take_or_refuse(sys.argv[1], 'L1'); print('held', flush=True)"
-    )
-    holder = subprocess.Popen([sys.executable, "-c", holder_code + "; sys.stdin.read()", tmp_path], cwd=REPO,
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        assert holder.stdout.readline() == "held\n"
-        message = lease.take_or_refuse(str(tmp_path), "L2")
-        holder_text = f"host {socket.gethostname()}, pid {holder.pid}, launch L1"
-        assert message.startswith(f"{tmp_path} is in use by a live run ({holder_text}): a second launch")
-        assert message.endswith("(nothing was written)")
-        run = single_run(tmp_path / "runs")  # a new run that found the name free, as the holder claimed it
-        run.run_dir, run.new_dir = str(tmp_path), True
-        with pytest.raises(rt.RunError, match=f"is in use by a live run \\(host .*, pid {holder.pid}, launch L1\\)"):
-            rt.claim_run_dir(run)
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["lease"]  # no flags.json, no event file
-    finally:
-        holder.kill()
-        holder.wait()
-    assert lease.take_or_refuse(str(tmp_path), "L2") is None  # the dead holder's lock went with it
-    assert (tmp_path / "lease").read_text() == f"host {socket.gethostname()}, pid {os.getpid()}, launch L2"
-    assert lease.take_or_refuse(str(tmp_path), "L2") is None  # this process holds it already
-
-    def no_locks(fd, operation):
-        raise OSError(errno.ENOSYS, "Function not implemented")
-
-    monkeypatch.setattr(lease.fcntl, "lockf", no_locks)
-    (tmp_path / "no-locks").mkdir()
-    assert lease.take_or_refuse(str(tmp_path / "no-locks"), "L3") is None
-    assert "warning: no lease on" in capsys.readouterr().err
