@@ -8,6 +8,8 @@
 # - the scripts' own needs: gymnasium, ale-py, tyro (and docstring-parser, typeguard, farama-notifications);
 #   the MuJoCo extra: mujoco, mujoco-core, mujoco-studio, glfw, pyopengl, websockets;
 # - tensordict (CUDA graphs; LeanRL's script) and pyvers (its other needs, numpy and cloudpickle, are not gathered);
+# - for gpu_check's leanrl: rows (LeanRL's SAC and TD3): torchrl 0.14.1 and hoptorch (torchrl asks for tensordict
+#   below 0.15 but runs LeanRL's scripts with the lock's 0.15.3: installed with --no-deps, as above);
 # - for gpu_check's LeanRL row: EnvPool 1.2.7, trimmed from 64 MB to its Atari env (atari_envpool.so and the Python
 #   files, only Atari registered), its needs dm-env, dm-tree and optree, and the Breakout ROM (from ale-py's wheel) in
 #   .whl/envpool_assets/atari/roms/, where ENVPOOL_ASSETS_PATH points EnvPool.
@@ -28,7 +30,8 @@ download() {
 # the suite's versions (requirements/lock.txt, the same for every Python: no marker), and EnvPool's needs
 locked() { for name in "$@"; do grep -E "^$name==[^ ;]+$" requirements/lock.txt || { echo "$name: not in the lock" >&2; exit 1; }; done; }
 download .whl $(locked gymnasium ale-py farama-notifications tyro docstring-parser typeguard \
-    mujoco mujoco-core mujoco-studio glfw pyopengl websockets tensordict pyvers) dm-env==1.6 dm-tree==0.1.10 optree==0.20.0
+    mujoco mujoco-core mujoco-studio glfw pyopengl websockets tensordict pyvers) dm-env==1.6 dm-tree==0.1.10 optree==0.20.0 \
+    torchrl==0.14.1 hoptorch==0.1.4
 download "$tmp" envpool==1.2.7
 ale=$(locked ale-py)
 python3 - "$tmp"/envpool-1.2.7-*.whl .whl/ale_py-"${ale#ale-py==}"-*.whl <<'EOF'

@@ -255,7 +255,7 @@ def check_leanrl(c: Check, script: str) -> Result:
     if not leanrl:
         return Result(name, "skip", f"no --leanrl-{algo}-script: LeanRL's script not run")
     if importlib.util.find_spec("torchrl") is None:
-        return Result(name, "skip", "LeanRL's script needs torchrl (pip install torchrl==0.14.1)")
+        return Result(name, "skip", "LeanRL's script needs torchrl (pip install --no-deps torchrl==0.14.1 hoptorch)")
     if importlib.util.find_spec("mujoco") is None:
         return Result(name, "skip", "HalfCheetah-v5 needs mujoco (pip install -e '.[mujoco]')")
     row, run_dir = c.sizes.graphs_speed[script], c.runs / f"check-leanrl-ours-{script.removesuffix('.py')}"

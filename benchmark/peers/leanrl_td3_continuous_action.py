@@ -1,9 +1,11 @@
 """LeanRL's `leanrl/td3_continuous_action_torchcompile.py` (github.com/meta-pytorch/LeanRL at 760837e), kept as
 the speed baseline of cleanrl_ddp/td3_continuous_action_multigpu.py --cudagraphs (docs/gpu.md, gpu_check's
 `leanrl` row). Copyright (c) 2024 LeanRL developers, MIT License. Needs torchrl (its replay buffer): runs on torchrl
-0.14.1 with tensordict 0.14.3 (pip install torchrl==0.14.1) and torch 2.13. Run with WANDB_MODE=disabled.
+0.14.1 with tensordict 0.14.3, or with this repository's 0.15.3 (torchrl installed with --no-deps: it asks for <0.15;
+benchmark/offline_wheels.sh carries both) and torch 2.13.
 
 Ported to today's packages, nothing else changed (the `# PORT:` lines):
+- no wandb (not installed where gpu_check runs): its `init` and `log` calls are left out;
 - the vector env resets in the same step (`autoreset_mode=SAME_STEP`), as gymnasium 0.29 did, for which the
   script was written; the final observation is gymnasium 1.x's `infos["final_obs"]` (0.29's `final_observation`);
 - finished episodes are read from gymnasium 1.x's `infos["final_info"]["episode"]` arrays (0.29's list of dicts is
@@ -33,7 +35,6 @@ import torch.nn.functional as F
 import torch.optim as optim
 import tqdm
 import tyro
-import wandb
 from tensordict import TensorDict, from_module, from_modules
 from tensordict.nn import CudaGraphModule
 from torchrl.data import LazyTensorStorage, ReplayBuffer
@@ -149,12 +150,7 @@ if __name__ == "__main__":
     args = tyro.cli(Args)
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{args.compile}__{args.cudagraphs}"
 
-    wandb.init(
-        project="td3_continuous_action",
-        name=f"{os.path.splitext(os.path.basename(__file__))[0]}-{run_name}",
-        config=vars(args),
-        save_code=True,
-    )
+    # PORT: no wandb.init (wandb is not installed where gpu_check runs this)
 
     # TRY NOT TO MODIFY: seeding
     random.seed(args.seed)
@@ -352,12 +348,6 @@ if __name__ == "__main__":
                         "actor_loss": out_main["actor_loss"].mean(),
                         "qf_loss": out_main["qf_loss"].mean(),
                     }
-                wandb.log(
-                    {
-                        "speed": speed,
-                        **logs,
-                    },
-                    step=global_step,
-                )
+                # PORT: no wandb.log (the logs above are still computed, as they were for it)
 
     envs.close()
