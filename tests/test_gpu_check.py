@@ -77,7 +77,7 @@ def test_the_checks_run_on_the_cpu_one_line_each(tmp_path):
     lines = [line for line in proc.stdout.splitlines() if re.match(r"(ok|FAIL|skip) ", line)]
     names = [re.match(r"\w+ +([^:]+):", line).group(1) for line in lines]
     expected = ["script", "graphs", "nccl-guard", "resume", "evaluate on cpu", "throughput 2 envs"]
-    expected += ["profile 2 envs", "cleanrl 2 envs", "leanrl 2 envs", "graphs-speed", "profile"]
+    expected += ["profile 2 envs", "cleanrl 2 envs", "leanrl 2 envs", "async 2 envs", "graphs-speed", "profile"]
     assert names == [*expected, "leanrl"], output
     assert lines[0].startswith("ok    script:ppo_multigpu.py: world size 1 on cpu, global step 384, exit 0"), output
     graphs = r"ok    graphs:{}: --cudagraphs bitwise equal to --no-cudagraphs at world size 1 \(global step {}\), and "
@@ -98,15 +98,18 @@ def test_the_checks_run_on_the_cpu_one_line_each(tmp_path):
     assert re.match(r"the policy step [\d.]+ ms per env step, the update \d+ ms per iteration \[", per_step), lines[6]
     assert lines[7].startswith("skip  cleanrl 2 envs: no --cleanrl-script")
     assert lines[8].startswith("skip  leanrl 2 envs: no --leanrl-script")
+    asynchronous = r"ok    async 2 envs: ppo_atari_async_multigpu.py \(eager\) [\d,]+ SPS = \d+% of the synchronous "
+    asynchronous += r"env-only ceiling [\d,]+ of this call \(goal: above it: (not )?met\)"
+    assert re.match(asynchronous, lines[9]), lines[9]
     speeds = r"ok    graphs-speed:{}: {}, world size 1, steady SPS after the first {} logged points: [\d,]+ SPS "
     speeds += r"--no-cudagraphs \(eager, \d+ s\); [\d,]+ SPS --cudagraphs \(eager, \d+ s\) = [\d.]+x; "
     speeds += r"all at global step {} "
-    assert re.match(speeds.format(sizes.SAC, "Pendulum-v1", 6, 80), lines[9]), lines[9]
-    parts = re.findall(rf"({'|'.join(map(re.escape, PART_NAMES.values()))}) [\d.]+ ms \(", lines[10])
-    assert parts == list(PART_NAMES.values()), lines[10]
-    assert "one env step of sac_continuous_action_multigpu.py on Pendulum-v1" in lines[10], lines[10]
-    assert lines[11].startswith(f"skip  leanrl:{sizes.SAC}: no --leanrl-sac-script")
-    assert re.match(r"gpu_check: 9 ok, 0 FAIL, 3 skipped in [\d.]+ min", proc.stdout.splitlines()[-1]), output
+    assert re.match(speeds.format(sizes.SAC, "Pendulum-v1", 6, 80), lines[10]), lines[10]
+    parts = re.findall(rf"({'|'.join(map(re.escape, PART_NAMES.values()))}) [\d.]+ ms \(", lines[11])
+    assert parts == list(PART_NAMES.values()), lines[11]
+    assert "one env step of sac_continuous_action_multigpu.py on Pendulum-v1" in lines[11], lines[11]
+    assert lines[12].startswith(f"skip  leanrl:{sizes.SAC}: no --leanrl-sac-script")
+    assert re.match(r"gpu_check: 10 ok, 0 FAIL, 3 skipped in [\d.]+ min", proc.stdout.splitlines()[-1]), output
     assert all(re.search(r" \[\d+ s\]$", line) for line in lines), lines  # each check's seconds
     assert (tmp_path / "logs" / "resume.log").read_text().startswith("$ ")
     summary = (tmp_path / "summary.txt").read_text().splitlines()

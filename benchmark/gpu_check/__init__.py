@@ -16,8 +16,8 @@ has the machine alone:
    exit 0, its start line names the device, and its final checkpoint is at the requested global step;
 2. `throughput`: the Atari PPO with no speed flags (the default path, named in the line) at 8 and 64 envs next to
    the env-only ceiling of the same command (benchmark/throughput.py), with the update's share of the time; at 8
-   envs, where one iteration's time goes (benchmark/profile_rollout.py), CleanRL's own script (`--cleanrl-script`)
-   and LeanRL's (`--leanrl-script`);
+   envs, where one iteration's time goes (benchmark/profile_rollout.py), CleanRL's own script (`--cleanrl-script`),
+   LeanRL's (`--leanrl-script`) and the asynchronous Atari PPO against the synchronous ceiling (`async`);
 3. `graphs:` for the Atari PPO, SAC and TD3 (--cudagraphs bitwise equal to --no-cudagraphs, trained on with and
    without it, on 2 ranks too), `gloo:`/`flat:` for the Atari PPO and SAC (2 ranks sharing the GPU through gloo, DDP and
    `--grad-sync flat`, replicas compared every iteration), `nccl-1` (an NCCL process group at world size 1: the

@@ -14,7 +14,7 @@ QUICK_BUDGET = 360  # seconds: the quick profile's default --budget on CUDA
 # Atari PPO (33 s) within 360; the rows after it run where the steps before them beat their estimates.
 ESTIMATES = {
     "script": 26,  # 20-26 s each, 9 at once (9 s alone)
-    "throughput": 195,  # 35 s (8 envs) + 35 (profile) + 23 (CleanRL) + 53 (LeanRL) + 49 (64 envs)
+    "throughput": 230,  # 35 s (8 envs) + 35 (profile) + 23 (CleanRL) + 53 (LeanRL) + 49 (64 envs); async: not yet
     f"graphs:{ATARI}": 100,  # 6 runs at once, then 2 resumes: 146 s beside 12 checks at 16 threads a process
     # SAC's and TD3's: 4 runs at once took 62-63 s; then two resumes of 600 more steps (one start-up each, beside
     # the 2-rank runs; not measured yet): about 25 s more

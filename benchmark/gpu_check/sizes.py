@@ -140,6 +140,7 @@ GPU = Sizes(
     offpolicy_profile=("HalfCheetah-v5", 50, 500),
     timeouts={"script": 90, "gloo": 90, "flat": 90, "compile": 240, "compile-flat": 240, "compile-speed": 240}
     | {"nccl-1": 60, "sync-debug": 120, "nccl-guard": 60, "resume": 120, "evaluate": 90, "throughput": 180}
+    | {"async": 180}
     | {"cleanrl": 180, "leanrl": 300, "env-sweep": 360, "profile": 120, "graphs-speed": 240}
     | {"graphs": 240},  # a graphs: step: its runs at once, then 2 resumes
     cleanrl_iterations=8,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from benchmark.gpu_check.correctness import COMPILE_LOGS, compile_notes, final_step
 from benchmark.gpu_check.runner import Check, Result, timed
-from benchmark.gpu_check.sizes import ATARI, ENV_ID, REPO, Speed, has_flag, missing
+from benchmark.gpu_check.sizes import ASYNC, ATARI, ENV_ID, REPO, Speed, has_flag, missing
 
 GOALS = {8: 0.85, 64: 0.90}  # the Atari PPO's share of the env-only ceiling with no speed flags; measured, not asserted
 CLEANRL_GOAL = 5.0  # this script's SPS over CleanRL's at CleanRL's configuration
@@ -106,7 +106,7 @@ sizes = dict(local_num_envs=int(num_envs), num_steps=int(num_steps), extra=extra
 out = tp.run_once(script, env_id, 1, 1, [], sizes, int(iterations), float(timeout))
 sps = tp.steady_sps(out["events"][tp.SPS_TAG], int(warmup))
 update_share = tp.time_shares(out["events"], int(warmup))[0]
-ceiling = tp.env_ceiling(script, env_id, 1, int(num_envs), int(ceiling_steps))
+ceiling = tp.env_ceiling(script, env_id, 1, int(num_envs), int(ceiling_steps)) if int(ceiling_steps) else None
 result = dict(sps=sps, ceiling=ceiling, update_share=update_share, args=out["args"])
 if int(profiled):  # the script's default path, as the run above took it
     module = "cleanrl_ddp." + script.rsplit("/", 1)[-1].removesuffix(".py")
@@ -143,7 +143,28 @@ def check_throughput(c: Check) -> list[Result]:
         if first:
             results.append(timed(check_cleanrl, c, num_envs, sps, ours))
             results.append(timed(check_leanrl_atari, c, num_envs, sps, ours))
+            results.append(check_async(c, num_envs, ceiling))
     return results
+
+
+def check_async(c: Check, num_envs: int, ceiling: float) -> Result:
+    """The asynchronous Atari PPO (its env halves stepped while the other half's policy step runs) with no speed
+    flags, as `throughput` runs the synchronous one, against the synchronous env-only ceiling of this call: the
+    overlap pays where it runs above it."""
+    s, name = c.sizes, f"async {num_envs} envs"
+    args = [num_envs, s.throughput_num_steps, s.throughput_iterations, s.throughput_warmup, 0, c.limit(name), 0]
+    cmd = [sys.executable, "-c", THROUGHPUT, str(REPO / "cleanrl_ddp" / ASYNC), ENV_ID, *args]
+    code, out, seconds = c.run(name, [*map(str, cmd), *c.device_flags])
+    figures = re.search(r"^throughput: (.*)$", out, re.MULTILINE)
+    if code != 0 or figures is None:
+        result = c.failed(name, code, out)
+        result.seconds = seconds
+        return result
+    figures = json.loads(figures.group(1))
+    sps, met = figures["sps"], "met" if figures["sps"] > ceiling else "not met"
+    figure = f"{ASYNC} ({path(figures['args'], c.device)}) {sps:,.0f} SPS = {100 * sps / ceiling:.0f}% of the "
+    figure += f"synchronous env-only ceiling {ceiling:,.0f} of this call (goal: above it: {met})"
+    return Result(name, "ok", figure, seconds)
 
 
 def profile_figure(profile: dict) -> str:
