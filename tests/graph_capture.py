@@ -285,7 +285,7 @@ def graphed_run(script_path: str, argv: list) -> dict:
 
 if __name__ == "__main__":  # python -m tests.graph_capture RUNS_DIR SCRIPT [SCRIPT...]: eager, then recorded
     sys.path.insert(0, str(REPO / "tests"))
-    from dist_worker import SCRIPTS
+    from script_specs import SCRIPTS
 
     results = {}
     for name in sys.argv[2:]:

@@ -18,7 +18,6 @@ from subprocess import CompletedProcess
 
 import pytest
 import torch
-from dist_worker import SCRIPTS
 from graph_capture import differences
 from helpers import (
     REPO,
@@ -32,6 +31,7 @@ from helpers import (
     only_run_dir,
     read_scalars,
 )
+from script_specs import SCRIPTS
 
 WORKER = REPO / "tests" / "dist_worker.py"
 TIMEOUT = 240  # seconds per launch; a hang (e.g. ranks issuing different collectives) fails the test
