@@ -20,8 +20,8 @@ keeps its data flow on the CPU and checks, call by call, what a CUDA graph would
 
 Run as `python -m tests.graph_capture RUNS_DIR SCRIPT [SCRIPT...]` it runs each script eagerly (run
 `RUNS_DIR/<stem>/eager`), then with --cudagraphs recorded (`RUNS_DIR/<stem>/graphed`), at world size 1 with its
-`capture_flags` (tests/dist_worker.py's `SCRIPTS`) and seed 3, all in this one process, and prints the reports as
-JSON by script; tests/dist_worker.py runs `graphed_run` on 2 ranks.
+`capture_flags` (tests/script_specs.py's `SCRIPTS`) and seed 3, all in this one process, and prints the reports as
+JSON by script; tests/captured_runs.py runs `graphed_run` on 2 ranks.
 """
 
 import contextlib
@@ -285,7 +285,7 @@ def graphed_run(script_path: str, argv: list) -> dict:
 
 if __name__ == "__main__":  # python -m tests.graph_capture RUNS_DIR SCRIPT [SCRIPT...]: eager, then recorded
     sys.path.insert(0, str(REPO / "tests"))
-    from dist_worker import SCRIPTS
+    from script_specs import SCRIPTS
 
     results = {}
     for name in sys.argv[2:]:

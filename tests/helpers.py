@@ -53,7 +53,7 @@ def launch(script, args=(), nproc=1, timeout=300, env=None, torchrun_args=None, 
 
 
 def batch_job(script: str, args, outdir: Path, mode="plain", global_envs=0) -> dict:
-    """One run of `launch_batch`: `script` with `args` (tests/dist_worker.py's `batch` says what `mode` records)."""
+    """One run of `launch_batch`: `script` with `args` (tests/observed_runs.py says what `mode` records)."""
     args = [str(a) for a in args]
     return dict(mode=mode, script=script_path(script), args=args, outdir=str(outdir), global_envs=global_envs)
 

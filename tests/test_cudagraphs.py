@@ -12,9 +12,9 @@ import types
 
 import pytest
 import torch
-from dist_worker import SCRIPTS
 from graph_capture import differences
 from helpers import REPO
+from script_specs import SCRIPTS
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from cleanrl_ddp import graphs

@@ -1,13 +1,13 @@
 """The nine distributed guarantees of docs/correctness.md, proven for every script in `SCRIPTS`.
 
 Two kinds of test, both on CPU with gloo and the real `torchrun`:
-- unit: tests/dist_worker.py imports the script's own network, loss (ppo_loss, or DQN's td_loss),
+- unit: `tests/dist_worker.py unit` imports the script's own network, loss (ppo_loss, or DQN's td_loss),
   all_reduce_gradients_flat and check_replicas_in_sync and compares a 2-rank update with the single-process
-  one (guarantees 3, 4); one launch for all scripts;
-- whole script: tests/dist_worker.py runs the unchanged script under `torchrun` and records from
-  outside what every rank did (guarantees 1, 2, 5-9); the unit-level launch also runs the real `main()` of the
-  scripts with --compile and records what torch.compile traced.
-A new script is covered by adding one `ScriptSpec` to `SCRIPTS` in tests/dist_worker.py.
+  one (guarantees 3, 4; tests/unit_updates.py); one launch for all scripts;
+- whole script: `tests/dist_worker.py batch` runs the unchanged script under `torchrun` and records from
+  outside what every rank did (guarantees 1, 2, 5-9; tests/observed_runs.py); the unit-level launch also runs the
+  real `main()` of the scripts with --compile and records what torch.compile traced (tests/compiled_runs.py).
+A new script is covered by adding one `ScriptSpec` to `SCRIPTS` in tests/script_specs.py.
 """
 
 import functools
@@ -18,7 +18,6 @@ from subprocess import CompletedProcess
 
 import pytest
 import torch
-from dist_worker import SCRIPTS
 from graph_capture import differences
 from helpers import (
     REPO,
@@ -32,13 +31,14 @@ from helpers import (
     only_run_dir,
     read_scalars,
 )
+from script_specs import SCRIPTS
 
 WORKER = REPO / "tests" / "dist_worker.py"
 TIMEOUT = 240  # seconds per launch; a hang (e.g. ranks issuing different collectives) fails the test
 COMMON = ["--dist-timeout", "60", "--seed", "7"]  # a desynchronised collective errors out within a minute
 
 
-# Whole runs with their randomness pinned (`pinned` in tests/dist_worker.py), by (script, gradient path, world size):
+# Whole runs with their randomness pinned (`pinned` in tests/observed_runs.py), by (script, gradient path, world size):
 # the env count of the runs at other world sizes that must make the same run (pqn_multigpu.py's 3-rank run is also
 # test_pqn_whole_runs_at_1_2_and_3_ranks_are_the_same_run's)
 PINNED = {("pqn_multigpu.py", "flat", 3): 6}
@@ -272,7 +272,7 @@ def test_equivalence_with_single_process(unit, grad_sync):
 def test_whole_run_equivalence_with_single_process(tmp_path_factory):
     """ppo_continuous_action_multigpu.py on Hopper-v5, 4 iterations: 2 ranks x 1 env equal 1 process x 2 envs.
 
-    With the action noise and the minibatches pinned (`pinned` in tests/dist_worker.py), both runs see the same
+    With the action noise and the minibatches pinned (`pinned` in tests/observed_runs.py), both runs see the same
     env data, so everything the iteration computes from all ranks' samples must agree: the observation and return
     statistics (RunningStats merges), reward scaling, GAE, advantage normalisation, averaged gradients, the
     learning-rate schedule and the logged metrics. Measured: final parameters 7.2e-7 apart relative to how far
@@ -299,7 +299,7 @@ def test_whole_run_equivalence_with_single_process(tmp_path_factory):
 def test_pqn_whole_runs_at_1_2_and_3_ranks_are_the_same_run(tmp_path_factory):
     """pqn_multigpu.py on CartPole-v1, 6 envs in all, 4 iterations of 16 steps: 1 process x 6 envs, 2 ranks x 3
     (DDP) and 3 ranks x 2 (--grad-sync flat: the flat-3ranks whole run above). With the exploration draws and the
-    minibatches pinned (`pinned` in tests/dist_worker.py) every world size sees the same env data, so everything the
+    minibatches pinned (`pinned` in tests/observed_runs.py) every world size sees the same env data, so everything the
     iteration computes must agree: epsilon and the learning rate from the global step, each env's Q(lambda) returns on
     the rank that stepped it, the averaged (then clipped) gradients, and the metrics reduced over all ranks by name."""
     runs = {}
@@ -530,7 +530,7 @@ def test_td3_ddp_and_flat_paths_agree(unit_td3):
 # --compile under CUDA graphs (mode reduce-overhead) replays captured memory, so a compiled call must hold no
 # collective, mutate no input and allocate no gradient that outlives it, and its outputs must not be read after the
 # next compiled call (docs/correctness.md). The real script's main() with --compile on 2 ranks, DDP and flat, inside
-# the unit launch (`compiled_run` in tests/dist_worker.py): each torch.compile'd function traced by a recording
+# the unit launch (`compiled_run` in tests/compiled_runs.py): each torch.compile'd function traced by a recording
 # backend (AOTAutograd with compilers that list each graph's ops and run it as traced).
 COMPILED = [(s, grad_sync) for s, spec in SCRIPTS.items() if spec.compiled for grad_sync in ("ddp", "flat")]
 
@@ -602,7 +602,7 @@ def test_compile_runs_equal_eager(compiled):
 
 # --cudagraphs (docs/correctness.md): the real main() on the 2 ranks of the unit launch, eagerly under DDP,
 # then with --cudagraphs under DDP and with --grad-sync flat, each function that a CUDA device would capture recorded
-# by tests/graph_capture.py (`captured_runs` in tests/dist_worker.py): no collective inside a graph, nothing that
+# by tests/graph_capture.py (`captured_runs` in tests/captured_runs.py): no collective inside a graph, nothing that
 # outlives a call (gradients, optimizer state) made by the capture or moved after it, and both runs bitwise the eager
 # one, so DDP under CUDA graphs equals the flat all-reduce. World size 1 is tests/test_cudagraphs.py's.
 CAPTURED = [(s, run) for s, spec in SCRIPTS.items() for run in ("ddp", "flat") if run in spec.captured]

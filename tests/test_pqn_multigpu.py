@@ -1,6 +1,6 @@
 """pqn_multigpu.py and pqn_atari_multigpu.py: sizes from the world size and the Q(lambda) returns against
 hand-computed values, in process. The distributed guarantees are in tests/test_distributed_correctness.py (SCRIPTS
-in tests/dist_worker.py), resume in tests/test_fault_tolerance.py, evaluation in tests/test_evaluation.py."""
+in tests/script_specs.py), resume in tests/test_fault_tolerance.py, evaluation in tests/test_evaluation.py."""
 
 import dataclasses
 import importlib
