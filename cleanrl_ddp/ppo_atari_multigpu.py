@@ -322,7 +322,7 @@ def main() -> None:
         agent.load_state_dict(ckpt["agent"])
         optimizer.load_state_dict(ckpt["optimizer"])
         rt.resume_rng(run, ckpt, args.seed)
-    # gradients allocated once, in the parameters' memory format (as DDP's buckets expect)
+    # gradients allocated once, outside graph memory, in their parameters' memory format (for DDP)
     for p in agent.parameters():
         p.grad = torch.zeros_like(p)
     model = DDP(agent) if world_size > 1 and args.grad_sync == "ddp" else agent

@@ -296,7 +296,8 @@ def main() -> None:
         agent.load_state_dict(ckpt["agent"])
         optimizer.load_state_dict(ckpt["optimizer"])
         rt.resume_rng(run, ckpt, args.seed)
-    for p in agent.parameters():  # gradients allocated once: backward accumulates into them (CUDA graphs)
+    # gradients allocated once, outside graph memory: backward adds to them
+    for p in agent.parameters():
         p.grad = torch.zeros_like(p)
     model = DDP(agent) if world_size > 1 and args.grad_sync == "ddp" else agent
 
@@ -308,7 +309,7 @@ def main() -> None:
         share = env_state.split_for_rank(run, ckpt)
         if env_state.restore(run, envs.envs, share[0] if share else None):
             next_obs_np, next_done, episodes.returns, episodes.lengths = (x.numpy() for x in share[1:])
-        else:  # an env without a state function: new episodes, from seeds not used before
+        else:  # an env without a state function: new episodes, from unused seeds
             next_obs_np, _ = envs.reset(seed=env_seed0 + (start_iteration - 1) * sizes.num_envs)
 
     # ALGO Logic: Storage setup, allocated once (a CUDA graph replays the addresses)
