@@ -1,10 +1,9 @@
 """SAC for continuous actions (CleanRL's `sac_continuous_action.py`), data-parallel with torch.distributed.
 
-Docs: docs/sac_continuous_action_multigpu.md. Needs MuJoCo: `pip install -e ".[mujoco]"`. Launch it as
-`python cleanrl_ddp/sac_continuous_action_multigpu.py` (1 process), `torchrun --standalone --nproc_per_node=2
-cleanrl_ddp/sac_continuous_action_multigpu.py` (2 processes), or on several nodes or under SLURM as in
-cleanrl_ddp/ppo_multigpu.py. Every rank steps its own envs into its own replay buffer; the gradients of the
-critics, the actor and the entropy temperature are averaged across ranks. Every schedule follows the GLOBAL step.
+Docs: docs/sac_continuous_action_multigpu.md. Needs MuJoCo: `pip install -e ".[mujoco]"`. Launched as
+cleanrl_ddp/ppo_multigpu.py is. Every rank steps its own envs into its own replay buffer; the gradients of
+the critics, the actor and the entropy temperature are averaged across ranks. Every schedule follows the
+GLOBAL step.
 """
 
 import os
@@ -49,9 +48,9 @@ class Args(rt.RunArgs):
     tau: float = 0.005
     """target smoothing coefficient"""
     local_batch_size: int = 256
-    """transitions each rank samples from its own buffer per update (the global batch is the sum over ranks)"""
+    """transitions each rank samples from its own buffer per update"""
     updates_per_iteration: int = 1
-    """updates per iteration (one step of every env of every rank); 1 keeps CleanRL's replay ratio at any world size"""
+    """updates per iteration (one step of all envs of all ranks); 1 keeps CleanRL's replay ratio"""
     learning_starts: int = 5000
     """global step after which updates start (random actions before it)"""
     policy_lr: float = 3e-4
@@ -59,7 +58,7 @@ class Args(rt.RunArgs):
     q_lr: float = 1e-3
     """the learning rate of the Q network optimizer (and of the entropy temperature's)"""
     policy_frequency: int = 2
-    """the actor (and temperature) is trained after every N-th critic update, N times (TD3's delayed update)"""
+    """train the actor (and temperature) N times after every N-th critic update (TD3's delayed update)"""
     target_network_frequency: int = 1
     """critic updates between target-network updates (Denis Yarats' implementation delays this by 2)"""
     alpha: float = 0.2
@@ -67,15 +66,15 @@ class Args(rt.RunArgs):
     autotune: bool = True
     """automatic tuning of the entropy coefficient"""
     eval_greedy: bool = True
-    """if toggled, evaluation acts with the squashed mean (deterministic actor); --no-eval-greedy samples"""
+    """if toggled, evaluation acts with the squashed mean; --no-eval-greedy samples"""
     log_every: int = 1000
-    """global steps between logged (all-reduced) metrics; a preemption signal is acted on at these steps"""
+    """global steps between logged (all-reduced) metrics, where a preemption signal stops the run"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
-    """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
+    """how gradients are averaged: DDP, or one all-reduce of all gradients flattened"""
     compile: bool = False
-    """`torch.compile` the losses and their backward: compiles at start; 1.38x with CUDA graphs on an H200"""
+    """`torch.compile` the losses and their backward (docs/gpu.md)"""
     cudagraphs: bool = True
-    """CUDA: each update and the action choice replayed as CUDA graphs (the CPU runs them eagerly)"""
+    """on CUDA, replay the action choice and each update as CUDA graphs"""
 
 
 def make_env(env_id: str, render_mode: Optional[str] = None):
@@ -129,8 +128,8 @@ class Actor(nn.Module):
         self.register_buffer("action_bias", (high + low) / 2.0)
 
     def forward(self, x, generator: Optional[torch.Generator] = None):
-        """CleanRL's `get_action`, as `forward` so that DDP sees the loss: (sample, its log-prob, squashed mean).
-        The noise comes from `generator` (evaluation) or from torch's per-rank stream."""
+        """CleanRL's `get_action` as `forward`, which DDP hooks: (sample, its log-prob, squashed mean); the
+        noise from `generator` (evaluation) or torch's per-rank stream."""
         x = F.relu(self.fc1(x))
         x = F.relu(self.fc2(x))
         mean = self.fc_mean(x)
@@ -228,7 +227,7 @@ def soft_update(nets, targets, tau: float) -> None:
 
 
 def all_reduce_gradients_flat(params, world_size: int) -> None:
-    """Average gradients over ranks: one all-reduce of a flat buffer, not DDP (entity-neural-network/incubator#220)."""
+    """Average gradients over ranks in one flat all-reduce (entity-neural-network/incubator#220)."""
     if world_size == 1:
         return
     grads = [p.grad for p in params]
@@ -244,12 +243,13 @@ def all_reduce_gradients_flat(params, world_size: int) -> None:
 def main() -> None:
     args = tyro.cli(Args)
     run = rt.start(args, SCRIPT)
-    sac_state = ("actor", "qf", "qf_target", "actor_optimizer", "q_optimizer", "a_optimizer", "log_alpha")
-    args, ckpt = rt.load_run(run, args, required=(*sac_state, "agent_kwargs", "num_updates", "num_actor_updates"))
+    required = ("actor", "qf", "qf_target", "actor_optimizer", "q_optimizer", "a_optimizer", "log_alpha")
+    required += ("agent_kwargs", "num_updates", "num_actor_updates")
+    args, ckpt = rt.load_run(run, args, required=required)
     rank, world_size, device = run.rank, run.world_size, run.device
     rt.check_env(args.env_id, make_env, gym.spaces.Box, hint="try Hopper-v5, HalfCheetah-v5 or Pendulum-v1")
     sizes = derive_sizes(args, world_size)
-    capture = graphs.enabled(args, run)  # --cudagraphs on CUDA: on the CPU the same functions run eagerly
+    capture = graphs.enabled(args, run)  # on CUDA only: the CPU runs the same functions eagerly
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = ckpt["global_step"] if ckpt else 0
     # the replay buffers are not saved: a resumed run refills them first, acting with the resumed actor
@@ -271,16 +271,17 @@ def main() -> None:
     # plain lists: checkpoints hold data only
     agent_kwargs = dict(obs_dim=obs_dim, action_dim=action_dim, action_low=action_low.tolist())
     agent_kwargs["action_high"] = action_high.tolist()
-    actor, qf = Actor(**agent_kwargs).to(device), TwinQ(obs_dim, action_dim).to(device)
+    actor = Actor(**agent_kwargs).to(device)
+    qf = TwinQ(obs_dim, action_dim).to(device)
     if world_size > 1:  # the same start whichever --grad-sync is used
         for tensor in [*actor.state_dict().values(), *qf.state_dict().values()]:
             dist.broadcast(tensor, src=0)
     qf_target = TwinQ(obs_dim, action_dim).to(device)
     qf_target.load_state_dict(qf.state_dict())  # a copy of the synchronised critics
-    # fused: one kernel per step for all parameters; the learning rates tensors, as a captured step reads them
+    # fused: one kernel per step; the learning rates tensors that a captured step reads
     q_optimizer = graphs.optimizer(optim.Adam, qf.parameters(), args.q_lr, device, fused=True)
     actor_optimizer = graphs.optimizer(optim.Adam, actor.parameters(), args.policy_lr, device, fused=True)
-    # Automatic entropy tuning (log_alpha starts at 0 on every rank; with --no-autotune it stays unused)
+    # Automatic entropy tuning (log_alpha starts at 0 on every rank; unused with --no-autotune)
     target_entropy = -float(action_dim)
     log_alpha = torch.zeros(1, requires_grad=True, device=device)
     a_optimizer = graphs.optimizer(optim.Adam, [log_alpha], args.q_lr, device, fused=True)
@@ -296,16 +297,16 @@ def main() -> None:
         with torch.no_grad():
             log_alpha.copy_(ckpt["log_alpha"])
         rt.resume_rng(run, ckpt, args.seed)
-    # gradients allocated once: backward accumulates into them, never into CUDA-graph memory (--compile)
+    # gradients allocated once, outside graph memory: backward adds to them
     for p in [*qf.parameters(), *actor.parameters(), log_alpha]:
         p.grad = torch.zeros_like(p)
-    # alpha stays a tensor on the device: reading it on the host would make every actor update wait
+    # alpha stays on the device: a host read would make every actor update wait
     alpha = log_alpha.detach().exp() if args.autotune else torch.full((1,), args.alpha, device=device)
     ddp = world_size > 1 and args.grad_sync == "ddp"
-    # the actor's buffers (action scale and bias) are constants, equal on every rank: no broadcast per forward
+    # the actor's buffers are constants, equal on every rank: no broadcast per forward
     actor_model = DDP(actor, broadcast_buffers=False) if ddp else actor
     qf_model = DDP(qf) if ddp else qf
-    # --compile: the losses and (AOTAutograd) their backward; CUDA graphs hold them (reduce-overhead) or the updates
+    # --compile: the losses and their backward; with --cudagraphs the updates' graphs hold them
     compile_mode = "reduce-overhead" if run.on_cuda and not capture else None
     losses = (critic_loss, policy_loss, temperature_loss)
     critic_loss_fn, policy_loss_fn, temperature_loss_fn = (
@@ -351,13 +352,14 @@ def main() -> None:
     def update_targets():
         soft_update([qf], [qf_target], args.tau)
 
-    # --cudagraphs: each one CUDA graph replay. No collective runs inside a graph: across ranks each backward (eager
-    # under DDP, which all-reduces inside it) and each step are graphed apart, around the all-reduces
-    act = graphs.graphed(lambda obs: actor(obs)[0], capture)  # the unwrapped actor: acting is not through DDP
+    # --cudagraphs: no collective inside a graph, so across ranks each backward (eager under DDP, which
+    # all-reduces in it) and each step are graphed apart, around the all-reduces
+    act = graphs.graphed(lambda obs: actor(obs)[0], capture)  # the unwrapped actor: acting skips DDP
     update_targets = graphs.graphed(update_targets, capture)
     critic_backward = graphs.graphed(critic_backward, capture and flat)
     actor_backward = graphs.graphed(actor_backward, capture and flat)
-    temperature_backward = graphs.graphed(temperature_backward, capture and world_size > 1)  # log_alpha: no DDP
+    # log_alpha has no DDP wrapper: its backward is captured across ranks too
+    temperature_backward = graphs.graphed(temperature_backward, capture and world_size > 1)
     critic_step = graphs.graphed(critic_step, capture and world_size > 1)
     actor_step = graphs.graphed(actor_step, capture and world_size > 1)
     temperature_step = graphs.graphed(temperature_step, capture and world_size > 1)
@@ -386,9 +388,9 @@ def main() -> None:
     update_critics = graphs.graphed(update_critics, capture and world_size == 1)
     update_actor = graphs.graphed(update_actor, capture and world_size == 1)
 
-    # the envs are not saved: a resumed run seeds them past the earlier attempts' seeds
+    # the envs are not saved: a resumed run seeds them past the seeds used before
     obs, _ = envs.reset(seed=args.seed + rank * n + (start_iteration - 1) * sizes.num_envs)
-    # the replay buffer lives on the training device, sampled there by this rank's own generator
+    # the replay buffer lives on the training device, sampled by this rank's own generator
     sample_seed = rt.rank_seed(args.seed, rank, start_iteration)
     rb = replay.ReplayBuffer(sizes.local_buffer_size, obs_dim, action_dim, device, sample_seed)
     episodes = rt.Episodes(n)
@@ -396,7 +398,8 @@ def main() -> None:
     loss_names = ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss", "actor_loss", "alpha_loss")
     sums = dict.fromkeys(("updates", "actor_updates", *loss_names), 0.0)
     update_seconds = 0.0  # rank 0's, per log interval
-    num_iterations, preempted = sizes.num_iterations, False
+    num_iterations = sizes.num_iterations
+    preempted = False
     rt.open_run(run, sizes, ckpt)
 
     for iteration in range(start_iteration, num_iterations + 1):
@@ -450,7 +453,7 @@ def main() -> None:
         last = iteration == num_iterations
         logging = bool(rt.steps_crossed(prev_step, global_step, args.log_every)) or last
         if logging:
-            # alpha (equal on every rank) rides in the same all-reduce: one read of the device per logged step
+            # alpha (equal on every rank) rides in the same all-reduce: one device read per logged step
             m = rt.all_sum(run, sums | episodes.take() | dict(alpha=alpha[0]))
             sums = dict.fromkeys(sums, 0.0)
             scalars = {"losses/alpha": m["alpha"] / world_size, "charts/updates": num_updates}
@@ -470,7 +473,8 @@ def main() -> None:
 
         preempted = logging and rt.preempted(run)  # the vote, on logged steps only: every rank stops there
         if last or preempted or reached or rt.steps_crossed(prev_step, global_step, args.checkpoint_every):
-            state = {key: obj.state_dict() for key, obj in learned.items()} | dict(log_alpha=log_alpha.detach().cpu())
+            state = {key: obj.state_dict() for key, obj in learned.items()}
+            state["log_alpha"] = log_alpha.detach().cpu()
             state |= dict(agent_kwargs=agent_kwargs, num_updates=num_updates, num_actor_updates=num_actor_updates)
             rt.save_checkpoint(run, iteration, global_step, None, **state)
         if preempted or reached:

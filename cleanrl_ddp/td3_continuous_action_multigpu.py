@@ -1,10 +1,8 @@
 """TD3 for continuous actions (CleanRL's `td3_continuous_action.py`), data-parallel with torch.distributed.
 
-Docs: docs/td3_continuous_action_multigpu.md. Needs MuJoCo: `pip install -e ".[mujoco]"`. Launch it as
-`python cleanrl_ddp/td3_continuous_action_multigpu.py` (1 process), `torchrun --standalone --nproc_per_node=2
-cleanrl_ddp/td3_continuous_action_multigpu.py` (2 processes), or on several nodes or under SLURM as in
-cleanrl_ddp/ppo_multigpu.py. Every rank steps its own envs into its own replay buffer; the gradients of the
-critics and the actor are averaged across ranks. Every schedule follows the GLOBAL step.
+Docs: docs/td3_continuous_action_multigpu.md. Needs MuJoCo: `pip install -e ".[mujoco]"`. Launched as
+cleanrl_ddp/ppo_multigpu.py is. Every rank steps its own envs into its own replay buffer; the gradients of
+the critics and the actor are averaged across ranks. Every schedule follows the GLOBAL step.
 """
 
 import os
@@ -51,9 +49,9 @@ class Args(rt.RunArgs):
     tau: float = 0.005
     """target smoothing coefficient"""
     local_batch_size: int = 256
-    """transitions each rank samples from its own buffer per update (the global batch is the sum over ranks)"""
+    """transitions each rank samples from its own buffer per update"""
     updates_per_iteration: int = 1
-    """updates per iteration (one step of every env of every rank); 1 keeps CleanRL's replay ratio at any world size"""
+    """updates per iteration (one step of all envs of all ranks); 1 keeps CleanRL's replay ratio"""
     policy_noise: float = 0.2
     """the scale of the target policy smoothing noise (times the action scale)"""
     exploration_noise: float = 0.1
@@ -67,13 +65,13 @@ class Args(rt.RunArgs):
     eval_greedy: bool = True
     """if toggled, evaluation acts with the actor alone; --no-eval-greedy adds the exploration noise"""
     log_every: int = 1000
-    """global steps between logged (all-reduced) metrics; a preemption signal is acted on at these steps"""
+    """global steps between logged (all-reduced) metrics, where a preemption signal stops the run"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
-    """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
+    """how gradients are averaged: DDP, or one all-reduce of all gradients flattened"""
     compile: bool = False
-    """`torch.compile` the losses and their backward: compiles at start; 1.18x with CUDA graphs on an H200"""
+    """`torch.compile` the losses and their backward (docs/gpu.md)"""
     cudagraphs: bool = True
-    """CUDA: each update and the action choice replayed as CUDA graphs (the CPU runs them eagerly)"""
+    """on CUDA, replay the action choice and each update as CUDA graphs"""
 
 
 def make_env(env_id: str, render_mode: Optional[str] = None):
@@ -208,7 +206,7 @@ def soft_update(nets, targets, tau: float) -> None:
 
 
 def all_reduce_gradients_flat(params, world_size: int) -> None:
-    """Average gradients over ranks: one all-reduce of a flat buffer, not DDP (entity-neural-network/incubator#220)."""
+    """Average gradients over ranks in one flat all-reduce (entity-neural-network/incubator#220)."""
     if world_size == 1:
         return
     grads = [p.grad for p in params]
@@ -224,12 +222,13 @@ def all_reduce_gradients_flat(params, world_size: int) -> None:
 def main() -> None:
     args = tyro.cli(Args)
     run = rt.start(args, SCRIPT)
-    td3_state = ("actor", "target_actor", "qf", "qf_target", "actor_optimizer", "q_optimizer")
-    args, ckpt = rt.load_run(run, args, required=(*td3_state, "agent_kwargs", "num_updates", "num_actor_updates"))
+    required = ("actor", "target_actor", "qf", "qf_target", "actor_optimizer", "q_optimizer")
+    required += ("agent_kwargs", "num_updates", "num_actor_updates")
+    args, ckpt = rt.load_run(run, args, required=required)
     rank, world_size, device = run.rank, run.world_size, run.device
     rt.check_env(args.env_id, make_env, gym.spaces.Box, hint="try Hopper-v5, HalfCheetah-v5 or Pendulum-v1")
     sizes = derive_sizes(args, world_size)
-    capture = graphs.enabled(args, run)  # --cudagraphs on CUDA: on the CPU the same functions run eagerly
+    capture = graphs.enabled(args, run)  # on CUDA only: the CPU runs the same functions eagerly
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = ckpt["global_step"] if ckpt else 0
     # the replay buffers are not saved: a resumed run refills them first, acting with the resumed actor
@@ -251,14 +250,16 @@ def main() -> None:
     # plain lists: checkpoints hold data only
     agent_kwargs = dict(obs_dim=obs_dim, action_dim=action_dim, action_low=action_low.tolist())
     agent_kwargs["action_high"] = action_high.tolist()
-    actor, qf = Actor(**agent_kwargs).to(device), TwinQ(obs_dim, action_dim).to(device)
+    actor = Actor(**agent_kwargs).to(device)
+    qf = TwinQ(obs_dim, action_dim).to(device)
     if world_size > 1:  # the same start whichever --grad-sync is used
         for tensor in [*actor.state_dict().values(), *qf.state_dict().values()]:
             dist.broadcast(tensor, src=0)
-    target_actor, qf_target = Actor(**agent_kwargs).to(device), TwinQ(obs_dim, action_dim).to(device)
+    target_actor = Actor(**agent_kwargs).to(device)
+    qf_target = TwinQ(obs_dim, action_dim).to(device)
     target_actor.load_state_dict(actor.state_dict())  # copies of the synchronised networks
     qf_target.load_state_dict(qf.state_dict())
-    # fused: one kernel per step for all parameters; the learning rates tensors, as a captured step reads them
+    # fused: one kernel per step; the learning rates tensors that a captured step reads
     q_optimizer = graphs.optimizer(optim.Adam, qf.parameters(), args.learning_rate, device, fused=True)
     actor_optimizer = graphs.optimizer(optim.Adam, actor.parameters(), args.learning_rate, device, fused=True)
     rt.seed_everything(rt.rank_seed(args.seed, rank))
@@ -271,14 +272,14 @@ def main() -> None:
         for key, obj in learned.items():
             obj.load_state_dict(ckpt[key])
         rt.resume_rng(run, ckpt, args.seed)
-    # gradients allocated once: backward accumulates into them, never into CUDA-graph memory (--compile)
+    # gradients allocated once, outside graph memory: backward adds to them
     for p in [*qf.parameters(), *actor.parameters()]:
         p.grad = torch.zeros_like(p)
     ddp = world_size > 1 and args.grad_sync == "ddp"
-    # the actor's buffers (action scale and bias) are constants, equal on every rank: no broadcast per forward
+    # the actor's buffers are constants, equal on every rank: no broadcast per forward
     actor_model = DDP(actor, broadcast_buffers=False) if ddp else actor
     qf_model = DDP(qf) if ddp else qf
-    # --compile: the losses and (AOTAutograd) their backward; CUDA graphs hold them (reduce-overhead) or the updates
+    # --compile: the losses and their backward; with --cudagraphs the updates' graphs hold them
     compile_mode = "reduce-overhead" if run.on_cuda and not capture else None
     critic_loss_fn, policy_loss_fn = (
         torch.compile(f, mode=compile_mode) if args.compile else f for f in (critic_loss, policy_loss)
@@ -310,8 +311,8 @@ def main() -> None:
         actor_optimizer.step()
         soft_update([actor, qf], [target_actor, qf_target], args.tau)
 
-    # --cudagraphs: each one CUDA graph replay. No collective runs inside a graph: across ranks each backward (eager
-    # under DDP, which all-reduces inside it) and each step are graphed apart, around the all-reduce
+    # --cudagraphs: no collective inside a graph, so across ranks each backward (eager under DDP, which
+    # all-reduces in it) and each step are graphed apart, around the all-reduce
     # the exploring action is evaluation's sampled one: the unwrapped actor (acting is not through DDP) plus noise
     act = graphs.graphed(lambda obs: eval_action(actor, obs, False, None, args), capture)
     critic_backward = graphs.graphed(critic_backward, capture and flat)
@@ -337,9 +338,9 @@ def main() -> None:
     update_critics = graphs.graphed(update_critics, capture and world_size == 1)
     update_actor = graphs.graphed(update_actor, capture and world_size == 1)
 
-    # the envs are not saved: a resumed run seeds them past the earlier attempts' seeds
+    # the envs are not saved: a resumed run seeds them past the seeds used before
     obs, _ = envs.reset(seed=args.seed + rank * n + (start_iteration - 1) * sizes.num_envs)
-    # the replay buffer lives on the training device, sampled there by this rank's own generator
+    # the replay buffer lives on the training device, sampled by this rank's own generator
     sample_seed = rt.rank_seed(args.seed, rank, start_iteration)
     rb = replay.ReplayBuffer(sizes.local_buffer_size, obs_dim, action_dim, device, sample_seed)
     episodes = rt.Episodes(n)
@@ -347,7 +348,8 @@ def main() -> None:
     loss_names = ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss")
     sums = dict.fromkeys(("updates", "actor_updates", *loss_names, "actor_loss"), 0.0)
     update_seconds = 0.0  # rank 0's, per log interval
-    num_iterations, preempted = sizes.num_iterations, False
+    num_iterations = sizes.num_iterations
+    preempted = False
     rt.open_run(run, sizes, ckpt)
 
     for iteration in range(start_iteration, num_iterations + 1):
@@ -360,7 +362,8 @@ def main() -> None:
         else:
             with torch.no_grad():  # the noise from this rank's stream
                 actions = act(rt.to_device(obs, device, dtype=torch.float32))
-            actions = actions.cpu().numpy().clip(action_low, action_high)  # the one wait for the device per env step
+            # the one wait for the device per env step
+            actions = actions.cpu().numpy().clip(action_low, action_high)
 
         # TRY NOT TO MODIFY: execute the game and log data.
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
@@ -396,7 +399,8 @@ def main() -> None:
         last = iteration == num_iterations
         logging = bool(rt.steps_crossed(prev_step, global_step, args.log_every)) or last
         if logging:
-            m, sums = rt.all_sum(run, sums | episodes.take()), dict.fromkeys(sums, 0.0)
+            m = rt.all_sum(run, sums | episodes.take())
+            sums = dict.fromkeys(sums, 0.0)
             scalars = {"charts/updates": num_updates, "charts/actor_updates": num_actor_updates}
             scalars["perf/update_seconds"] = update_seconds
             if m["updates"]:  # no losses in an interval without updates
