@@ -37,9 +37,9 @@ class Args(rt.RunArgs):
 
     # Algorithm specific arguments
     env_id: str = "BreakoutNoFrameskip-v4"
-    """the Atari game: `BreakoutNoFrameskip-v4`, `ALE/Breakout-v5` or an ALE ROM name such as `breakout`"""
+    """the Atari game: `BreakoutNoFrameskip-v4`, `ALE/Breakout-v5` or a ROM name (`breakout`)"""
     repeat_action_probability: Optional[float] = None
-    """sticky actions; default 0.25 for `ALE/*-v5` ids (Machado et al., 2018), else 0.0 (the v4 protocol)"""
+    """sticky actions; default 0.25 for `ALE/*-v5` ids (Machado et al., 2018), else 0.0"""
     total_timesteps: int = 10000000
     """env steps (agent steps, 4 frames each) of the whole run, summed over all ranks"""
     learning_rate: float = 1e-4
@@ -71,11 +71,11 @@ class Args(rt.RunArgs):
     eval_greedy: bool = False
     """if toggled, evaluation is greedy (epsilon 0) instead of using --eval-epsilon"""
     log_every: int = 1000
-    """global steps between logged (all-reduced) metrics; a preemption signal is acted on at these steps"""
+    """global steps between logged (all-reduced) metrics, where a preemption signal stops the run"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
-    """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
+    """how gradients are averaged: DDP, or one all-reduce of all gradients flattened"""
     cudagraphs: bool = True
-    """CUDA: the greedy actions replayed as one CUDA graph (the CPU runs them eagerly)"""
+    """on CUDA, replay the greedy actions as one CUDA graph"""
 
 
 def make_env(env_id: str, num_envs: int, num_threads: int = 1, repeat_action_probability: float = 0.0):
@@ -139,7 +139,7 @@ def load_agent(ckpt: dict, device) -> QNetwork:
     return q_network
 
 
-# ALGO LOGIC: sizes, the replay memory, the schedules, the loss, the update and the gradient all-reduce
+# ALGO LOGIC: sizes, the replay memory, the schedules, the loss, the update, the all-reduce
 @dataclass(frozen=True)
 class Sizes(rt.Sizes):
     local_buffer_size: int
@@ -268,7 +268,7 @@ def update_q_network(data: dict, model, q_network, target_network, optimizer, ar
 
 
 def all_reduce_gradients_flat(params, world_size: int) -> None:
-    """Average gradients over ranks: one all-reduce of a flat buffer, not DDP (entity-neural-network/incubator#220)."""
+    """Average gradients over ranks in one flat all-reduce (entity-neural-network/incubator#220)."""
     if world_size == 1:
         return
     grads = [p.grad for p in params]
@@ -284,8 +284,8 @@ def all_reduce_gradients_flat(params, world_size: int) -> None:
 def main() -> None:
     args = tyro.cli(Args)
     run = rt.start(args, SCRIPT)
-    state = ("q_network", "target_network", "optimizer", "num_updates", "num_target_updates")
-    args, ckpt = rt.load_run(run, args, required=state)
+    required = ("q_network", "target_network", "optimizer", "num_updates", "num_target_updates")
+    args, ckpt = rt.load_run(run, args, required=required)
     rank, world_size, device = run.rank, run.world_size, run.device
     sizes = derive_sizes(args, world_size)
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
@@ -317,7 +317,7 @@ def main() -> None:
         rt.resume_rng(run, ckpt, args.seed)
     model = DDP(q_network) if world_size > 1 and args.grad_sync == "ddp" else q_network
 
-    # ALE's envs cannot be saved: a resumed run seeds them past the earlier attempts' seeds
+    # ALE's envs cannot be saved: a resumed run seeds them past the seeds used before
     obs, infos = envs.reset(seed=args.seed + rank * n + (start_iteration - 1) * sizes.num_envs)
     rb = FrameReplayBuffer(sizes.env_buffer_capacity, n)
     obs_first = np.ones(n, dtype=bool)  # `obs` came from a reset
@@ -330,13 +330,15 @@ def main() -> None:
         with torch.no_grad():  # the unwrapped network: inference must not go through DDP
             return q_network(static_obs).argmax(dim=1)
 
-    greedy_actions = graphs.graphed(greedy_actions, graphs.enabled(args, run))  # --cudagraphs: one replay
+    capture = graphs.enabled(args, run)  # on CUDA only: the CPU runs the same function eagerly
+    greedy_actions = graphs.graphed(greedy_actions, capture)
     episodes = rt.Episodes(n)  # whole games
     sums = dict(td_loss=0.0, q_values=0.0, updates=0)  # since the last logged step
     num_updates = ckpt["num_updates"] if ckpt else 0
     num_target_updates = ckpt["num_target_updates"] if ckpt else 0
     update_seconds = 0.0  # rank 0's, per log interval
-    num_iterations, preempted = sizes.num_iterations, False
+    num_iterations = sizes.num_iterations
+    preempted = False
     rt.open_run(run, sizes, ckpt)
 
     for iteration in range(start_iteration, num_iterations + 1):
@@ -386,7 +388,8 @@ def main() -> None:
         last = iteration == num_iterations
         logging = bool(rt.steps_crossed(prev_step, global_step, args.log_every)) or last
         if logging:
-            m, sums = rt.all_sum(run, sums | episodes.take()), dict.fromkeys(sums, 0.0)
+            m = rt.all_sum(run, sums | episodes.take())
+            sums = dict.fromkeys(sums, 0.0)
             scalars = {"charts/epsilon": epsilon, "charts/updates": num_updates}
             scalars |= {"charts/target_updates": num_target_updates, "perf/update_seconds": update_seconds}
             if m["updates"]:  # no losses in an interval without updates
