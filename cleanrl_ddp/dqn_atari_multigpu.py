@@ -20,7 +20,7 @@ import tyro
 from ale_py.vector_env import AtariVectorEnv
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from cleanrl_ddp import atari, evals, graphs
+from cleanrl_ddp import atari, evals, graphs, replay
 from cleanrl_ddp import runtime as rt
 
 SCRIPT = os.path.basename(__file__)[: -len(".py")]
@@ -139,7 +139,7 @@ def load_agent(ckpt: dict, device) -> QNetwork:
     return q_network
 
 
-# ALGO LOGIC: sizes, the replay memory, the schedules, the loss, the update, the all-reduce
+# ALGO LOGIC: sizes, the schedules, the loss, the update and the gradient all-reduce
 @dataclass(frozen=True)
 class Sizes(rt.Sizes):
     local_buffer_size: int
@@ -176,65 +176,6 @@ def derive_sizes(args: Args, world_size: int) -> Sizes:
         env_buffer_capacity=env_buffer_capacity,
         replay_ratio=args.local_batch_size * world_size / args.train_frequency,
     )
-
-
-class FrameReplayBuffer:
-    """One rank's replay memory: a ring per env, every frame stored once (uint8), stacks rebuilt when sampled.
-
-    Slot t holds the NEWEST frame of step t's observation, its action, clipped reward and `terminated`.
-    `first` marks a reset's observation; `final` a game's last, only the next_obs of the slot before it.
-    """
-
-    def __init__(self, capacity: int, num_envs: int, frame_shape=FRAME_SHAPE, stack_num: int = STACK_NUM):
-        self.capacity, self.num_envs, self.stack_num = capacity, num_envs, stack_num
-        self.frames = np.zeros((num_envs, capacity, *frame_shape), dtype=np.uint8)
-        self.actions = np.zeros((num_envs, capacity), dtype=np.uint8)  # ALE has at most 18 actions
-        self.rewards = np.zeros((num_envs, capacity), dtype=np.float32)
-        self.terminated, self.first, self.final = (np.zeros((num_envs, capacity), dtype=bool) for _ in range(3))
-        self.pos, self.size = 0, 0  # pos: the slot written next (the same for every env)
-
-    def add(self, frame, action, reward, terminated, first, final) -> None:
-        """Store one step of every env: arrays of shape [num_envs, ...]."""
-        p = self.pos
-        self.frames[:, p], self.actions[:, p], self.rewards[:, p] = frame, action, reward
-        self.terminated[:, p], self.first[:, p], self.final[:, p] = terminated, first, final
-        self.pos = (p + 1) % self.capacity
-        self.size = min(self.size + 1, self.capacity)
-
-    def stack(self, env_idx: np.ndarray, slot: np.ndarray) -> np.ndarray:
-        """The frame stacks ending at physical `slot` of envs `env_idx`: uint8 [B, stack_num, H, W]."""
-        slots = (slot[:, None] + np.arange(1 - self.stack_num, 1)) % self.capacity  # oldest .. newest
-        first = self.first[env_idx[:, None], slots]
-        # a frame is part of the stack unless an episode starts AFTER it (later in the stack)
-        starts_at_or_after = np.flip(np.cumsum(np.flip(first, 1), 1), 1)
-        keep = (starts_at_or_after - first) == 0
-        return self.frames[env_idx[:, None], slots] * keep[:, :, None, None].astype(np.uint8)
-
-    def transitions(self, env_idx: np.ndarray, slot: np.ndarray) -> dict:
-        """The transitions at physical `slot` of envs `env_idx` (the caller checked they are valid)."""
-        return dict(
-            obs=self.stack(env_idx, slot),
-            actions=self.actions[env_idx, slot].astype(np.int64),
-            rewards=self.rewards[env_idx, slot],
-            next_obs=self.stack(env_idx, (slot + 1) % self.capacity),
-            terminated=self.terminated[env_idx, slot].astype(np.float32),
-        )
-
-    def sample(self, batch_size: int, rng=np.random) -> dict:
-        """Uniform over the valid transitions (`final` slots redrawn); `rng`: a RandomState."""
-        if self.size < 2:
-            raise ValueError("the replay buffer needs at least two steps before sampling")
-        # age 0 is the oldest slot; the newest one has no next_obs yet
-        oldest = self.pos if self.size == self.capacity else 0
-        low = self.stack_num - 1 if self.size == self.capacity else 0  # older stacks are overwritten
-        env_idx = rng.randint(0, self.num_envs, batch_size)
-        slot = (oldest + rng.randint(low, self.size - 1, batch_size)) % self.capacity
-        redraw = self.final[env_idx, slot]
-        while redraw.any():
-            env_idx[redraw] = rng.randint(0, self.num_envs, int(redraw.sum()))
-            slot[redraw] = (oldest + rng.randint(low, self.size - 1, int(redraw.sum()))) % self.capacity
-            redraw = self.final[env_idx, slot]
-        return self.transitions(env_idx, slot)
 
 
 def linear_schedule(start_e: float, end_e: float, duration: float, t: int) -> float:
@@ -319,7 +260,7 @@ def main() -> None:
 
     # ALE's envs cannot be saved: a resumed run seeds them past the seeds used before
     obs, infos = envs.reset(seed=args.seed + rank * n + (start_iteration - 1) * sizes.num_envs)
-    rb = FrameReplayBuffer(sizes.env_buffer_capacity, n)
+    rb = replay.FrameReplayBuffer(sizes.env_buffer_capacity, n, FRAME_SHAPE, STACK_NUM)
     obs_first = np.ones(n, dtype=bool)  # `obs` came from a reset
     obs_final = np.zeros(n, dtype=bool)  # `obs` is a game's last: the next step resets
     prev_lives = infos["lives"].copy()
