@@ -47,7 +47,7 @@ class Args(rt.RunArgs):
     local_num_envs: int = 1
     """the number of parallel environments on each rank"""
     buffer_size: int = 1000000
-    """transitions held by the replay memory of ALL ranks together (each rank keeps its own share)"""
+    """transitions held by the replay memories of ALL ranks together (each rank its own share)"""
     gamma: float = 0.99
     """the discount factor gamma"""
     tau: float = 1.0
@@ -79,7 +79,7 @@ class Args(rt.RunArgs):
 
 
 def make_env(env_id: str, num_envs: int, num_threads: int = 1, repeat_action_probability: float = 0.0):
-    """ALE's C++ vector env, CleanRL's preprocessing; the loop clips rewards and ends episodes at lost lives."""
+    """ALE's C++ vector env, CleanRL's preprocessing; the loop clips rewards and handles lost lives."""
     return AtariVectorEnv(
         atari.ale_game(env_id),
         num_envs,
@@ -103,7 +103,7 @@ def make_env(env_id: str, num_envs: int, num_threads: int = 1, repeat_action_pro
 
 # ALGO LOGIC: initialize agent here:
 class QNetwork(nn.Module):
-    """The Nature-DQN CNN (Mnih et al. 2015), as in CleanRL's dqn_atari.py (PyTorch default init)."""
+    """The Nature-DQN CNN (Mnih et al. 2015), as CleanRL's dqn_atari.py (PyTorch's default init)."""
 
     def __init__(self, n_actions: int):
         super().__init__()
@@ -125,7 +125,7 @@ class QNetwork(nn.Module):
 
 
 def eval_action(q_network: QNetwork, obs, greedy: bool, generator, args: Args):
-    """Evaluation's actions (cleanrl_ddp/evals.py): epsilon-greedy, --eval-epsilon (0 if `greedy`)."""
+    """Evaluation's actions (cleanrl_ddp/evals.py): epsilon-greedy with --eval-epsilon (or 0)."""
     q_values = q_network(obs)
     epsilon = 0.0 if greedy else args.eval_epsilon
     explore = torch.rand(len(obs), generator=generator, device=obs.device) < epsilon
@@ -152,7 +152,7 @@ def derive_sizes(args: Args, world_size: int) -> Sizes:
     names = ("local_num_envs", "local_batch_size", "total_timesteps", "buffer_size", "train_frequency")
     rt.require_at_least_1(args, *names, "target_network_frequency", "log_every")
     num_envs = args.local_num_envs * world_size
-    env_buffer_capacity = args.buffer_size // num_envs  # rounded down: all envs hold at most --buffer-size
+    env_buffer_capacity = args.buffer_size // num_envs  # rounded down: at most --buffer-size
     if env_buffer_capacity < STACK_NUM + 2:
         raise rt.RunError(
             f"--buffer-size {args.buffer_size} leaves {env_buffer_capacity} slots per env; each env needs at "
@@ -162,7 +162,7 @@ def derive_sizes(args: Args, world_size: int) -> Sizes:
         raise rt.RunError(
             f"--learning-starts must be at least the number of envs ({num_envs}), got {args.learning_starts}"
         )
-    if not 0 < args.exploration_fraction * args.total_timesteps:  # epsilon decays over this many steps
+    if not 0 < args.exploration_fraction * args.total_timesteps:  # epsilon's decay, in steps
         raise rt.RunError(f"--exploration-fraction must be positive, got {args.exploration_fraction}")
     num_iterations = args.total_timesteps // num_envs
     if num_iterations < 1:
@@ -189,7 +189,7 @@ def life_lost(lives: np.ndarray, prev_lives: np.ndarray) -> np.ndarray:
 
 
 def td_loss(model, target_network, obs, actions, rewards, next_obs, terminated, gamma: float):
-    """CleanRL's DQN loss of one local batch (`model` may be DDP-wrapped); returns (loss, mean Q of the actions)."""
+    """CleanRL's DQN loss of one local batch (`model` may be DDP): the loss and the actions' mean Q."""
     with torch.no_grad():
         target_max, _ = target_network(next_obs).max(dim=1)
         td_target = rewards + gamma * target_max * (1 - terminated)
@@ -198,7 +198,7 @@ def td_loss(model, target_network, obs, actions, rewards, next_obs, terminated, 
 
 
 def update_q_network(data: dict, model, q_network, target_network, optimizer, args: Args, world_size: int):
-    """One gradient step on this rank's batch `data`, gradients averaged over ranks; returns `td_loss`'s."""
+    """One step on this rank's batch `data`, gradients averaged over ranks; returns `td_loss`'s."""
     loss, q_mean = td_loss(model, target_network, **data, gamma=args.gamma)
     optimizer.zero_grad(set_to_none=False)
     loss.backward()
@@ -245,7 +245,7 @@ def main() -> None:
     agent_kwargs = dict(n_actions=n_actions)
     q_network = QNetwork(**agent_kwargs).to(device)
     if world_size > 1:
-        for tensor in q_network.state_dict().values():  # the same start whichever --grad-sync is used
+        for tensor in q_network.state_dict().values():  # the same start on either --grad-sync
             dist.broadcast(tensor, src=0)
     optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate)
     target_network = QNetwork(**agent_kwargs).to(device)
@@ -297,8 +297,8 @@ def main() -> None:
         # TRY NOT TO MODIFY: execute the game and log data.
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
         lives = infos["lives"]
-        game_over = (terminations | truncations) & ~obs_final  # a step from a final obs is the reset
-        # episodic life (Mnih et al. 2015): a lost life ends the episode for learning, not for logging
+        game_over = (terminations | truncations) & ~obs_final  # a step from a final obs resets
+        # episodic life (Mnih et al. 2015): a lost life ends the episode for learning, not logging
         terminated = (terminations | life_lost(lives, prev_lives)) & ~obs_final
         episodes.step(rewards * ~obs_final, game_over, stepped=~obs_final)
 
@@ -337,11 +337,11 @@ def main() -> None:
                 scalars |= {f"losses/{k}": m[k] / m["updates"] for k in ("td_loss", "q_values")}
             rt.log(run, global_step, scalars, m)
             update_seconds = 0.0
-        if rt.steps_crossed(prev_step, global_step, args.sync_check_every):  # the target network too
+        if rt.steps_crossed(prev_step, global_step, args.sync_check_every):  # target network too
             rt.check_replicas_in_sync(f"iteration {iteration}", world_size, q_network, target_network, optimizer)
         reached = evals.evaluate(run, q_network, eval_action, make_env, prev_step, global_step, ale=True)
 
-        preempted = logging and rt.preempted(run)  # the vote, on logged steps only: every rank stops there
+        preempted = logging and rt.preempted(run)  # the vote, on logged steps only
         if last or preempted or reached or rt.steps_crossed(prev_step, global_step, args.checkpoint_every):
             state = dict(q_network=q_network.state_dict(), target_network=target_network.state_dict())
             state |= dict(agent_kwargs=agent_kwargs, optimizer=optimizer.state_dict())

@@ -1,4 +1,4 @@
-"""PPO on Atari (Nature CNN), data-parallel, with the emulator overlapped with the network (two env halves).
+"""PPO on Atari (Nature CNN), data-parallel, the emulator overlapped with the network (two env halves).
 
 Docs: docs/ppo_atari_async_multigpu.md. A variant of ppo_atari_multigpu.py: the same algorithm, flags, sizes,
 seeds and checkpoints, and the same rollout buffer, filled in another order. Launched the same ways:
@@ -92,7 +92,7 @@ class Args(rt.RunArgs):
 
 
 def make_env(env_id: str, num_envs: int, num_threads: int = 1, repeat_action_probability: float = 0.0):
-    """ALE's C++ vector env, DeepMind's preprocessing; a life loss sets `terminated`; rewards unclipped."""
+    """ALE's C++ vector env, DeepMind's preprocessing; a life loss sets `terminated`."""
     return AtariVectorEnv(
         atari.ale_game(env_id),
         num_envs,
@@ -310,15 +310,15 @@ def main() -> None:
     torch.backends.cudnn.deterministic = args.torch_deterministic
     n = args.local_num_envs
     cols = halves(n)
-    # one vector env per half (ALE's batch_size < num_envs mixes the halves), threads as in ppo_atari_multigpu.py
+    # one vector env per half (ALE's batch_size < num_envs mixes them); threads as ppo_atari_multigpu's
     half_sizes = [c.stop - c.start for c in cols]
     sticky = atari.sticky_action_probability(args)
     envs = [make_env(args.env_id, k, min(torch.get_num_threads(), k), sticky) for k in half_sizes]
-    agent_kwargs = dict(n_actions=int(envs[0].single_action_space.n))  # saved for cleanrl_ddp/evaluate.py
+    agent_kwargs = dict(n_actions=int(envs[0].single_action_space.n))  # saved for evaluate.py
     memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
     agent = Agent(**agent_kwargs).to(device, memory_format=memory_format)
     if world_size > 1:
-        for tensor in agent.state_dict().values():  # the same start whichever --grad-sync is used
+        for tensor in agent.state_dict().values():  # the same start on either --grad-sync
             dist.broadcast(tensor, src=0)
     # fused: one kernel for all parameters; the learning rate a tensor that a captured step reads
     optimizer = graphs.optimizer(optim.Adam, agent.parameters(), args.learning_rate, device, eps=1e-5, fused=True)
@@ -332,7 +332,8 @@ def main() -> None:
 
     # ALE's envs cannot be saved: a resumed run seeds them past the seeds used before
     env_seed0 = args.seed + rank * n + (start_iteration - 1) * sizes.num_envs
-    resets = [envs[h].reset(seed=env_seed0 + c.start) for h, c in enumerate(cols)]  # env i: seed0 + i
+    # env i of the rank: seed env_seed0 + i
+    resets = [envs[h].reset(seed=env_seed0 + c.start) for h, c in enumerate(cols)]
     prev_lives = [info["lives"] for _, info in resets]
     episodes = rt.Episodes(n)  # whole games (all lives)
 
@@ -357,7 +358,7 @@ def main() -> None:
     b_values = values.reshape(-1)
 
     def policy_step(step, h):
-        """Half `h`'s policy, written into rollout row `step` (a tensor: one graph serves every row)."""
+        """Half `h`'s policy, written into rollout row `step` (a tensor: one graph for all rows)."""
         # ALGO LOGIC: action logic (the unwrapped agent: inference must not go through DDP)
         with torch.no_grad(), autocast:
             action, logprob, _, value = agent.get_action_and_value(next_obs[h])
@@ -373,7 +374,8 @@ def main() -> None:
             return compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
 
     def minibatch_backward(mb_inds, mb_advantages, b_returns):
-        minibatch = [b[mb_inds] for b in (b_obs, b_actions, b_logprobs, b_returns, b_values)]  # ppo_loss's order
+        # in ppo_loss's order
+        minibatch = [b[mb_inds] for b in (b_obs, b_actions, b_logprobs, b_returns, b_values)]
         with autocast:
             loss, mb_stats = ppo_loss(model, mb_advantages, *minibatch, args)
         optimizer.zero_grad(set_to_none=False)
@@ -443,7 +445,7 @@ def main() -> None:
         b_advantages = advantages.reshape(-1)
         b_returns = returns.reshape(-1)
 
-        # Optimizing the policy and value network (as many minibatches, so all-reduces, on every rank)
+        # Optimizing the policy and value network (the same all-reduces on every rank)
         loss_sums = {}
         num_updates = 0
         for _epoch in range(args.update_epochs):
@@ -498,7 +500,7 @@ def main() -> None:
         last = iteration == num_iterations or preempted or reached
         if last or rt.steps_crossed(prev_step, global_step, args.checkpoint_every):
             state = dict(agent=agent.state_dict(), agent_kwargs=agent_kwargs, optimizer=optimizer.state_dict())
-            rt.save_checkpoint(run, iteration, global_step, None, **state)  # no rank_state: no env state
+            rt.save_checkpoint(run, iteration, global_step, None, **state)  # no env state
         if preempted or reached:
             break
 

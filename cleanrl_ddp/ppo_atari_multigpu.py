@@ -97,7 +97,7 @@ class Args(rt.RunArgs):
 
 
 def make_env(env_id: str, num_envs: int, num_threads: int = 1, repeat_action_probability: float = 0.0):
-    """ALE's C++ vector env, DeepMind's preprocessing; a life loss sets `terminated`; rewards unclipped."""
+    """ALE's C++ vector env, DeepMind's preprocessing; a life loss sets `terminated`."""
     return AtariVectorEnv(
         atari.ale_game(env_id),
         num_envs,
@@ -309,11 +309,11 @@ def main() -> None:
     n = args.local_num_envs
     # env threads: the rank's share of its cores, as torch's (rollout and update alternate)
     envs = make_env(args.env_id, n, min(torch.get_num_threads(), n), atari.sticky_action_probability(args))
-    agent_kwargs = dict(n_actions=int(envs.single_action_space.n))  # saved for cleanrl_ddp/evaluate.py
+    agent_kwargs = dict(n_actions=int(envs.single_action_space.n))  # saved for evaluate.py
     memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
     agent = Agent(**agent_kwargs).to(device, memory_format=memory_format)
     if world_size > 1:
-        for tensor in agent.state_dict().values():  # the same start whichever --grad-sync is used
+        for tensor in agent.state_dict().values():  # the same start on either --grad-sync
             dist.broadcast(tensor, src=0)
     # fused: one kernel for all parameters; the learning rate a tensor that a captured step reads
     optimizer = graphs.optimizer(optim.Adam, agent.parameters(), args.learning_rate, device, eps=1e-5, fused=True)
@@ -338,7 +338,7 @@ def main() -> None:
     prev_lives = info["lives"]
     episodes = rt.Episodes(n)  # whole games (all lives)
 
-    # ALGO Logic: Storage setup, allocated once (a CUDA graph replays the addresses); frames stay uint8,
+    # ALGO Logic: Storage setup, allocated once (a CUDA graph replays the addresses); uint8 frames,
     # stored NHWC so that a minibatch is channels-last
     stack, height, width = envs.single_observation_space.shape
     obs = torch.zeros((args.num_steps, n, height, width, stack), dtype=torch.uint8, device=device)
@@ -355,13 +355,13 @@ def main() -> None:
     rewards_np = host_rewards.numpy()
     dones_np = host_dones.numpy()
     steps = torch.arange(args.num_steps, device=device)
-    b_obs = obs.reshape(-1, height, width, stack).permute(0, 3, 1, 2)  # NCHW view, channels-last strides
+    b_obs = obs.reshape(-1, height, width, stack).permute(0, 3, 1, 2)  # NCHW view, NHWC strides
     b_logprobs = logprobs.reshape(-1)
     b_actions = actions.reshape(-1)
     b_values = values.reshape(-1)
 
     def policy_step(step):
-        """The policy on `next_obs`, written into rollout row `step` (a tensor: one graph serves every row)."""
+        """The policy on `next_obs`, written into rollout row `step` (a tensor: one graph for all rows)."""
         # ALGO LOGIC: action logic (the unwrapped agent: inference must not go through DDP)
         with torch.no_grad(), autocast:
             action, logprob, _, value = agent.get_action_and_value(next_obs)
@@ -377,7 +377,8 @@ def main() -> None:
             return compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
 
     def minibatch_backward(mb_inds, mb_advantages, b_returns):
-        minibatch = [b[mb_inds] for b in (b_obs, b_actions, b_logprobs, b_returns, b_values)]  # ppo_loss's order
+        # in ppo_loss's order
+        minibatch = [b[mb_inds] for b in (b_obs, b_actions, b_logprobs, b_returns, b_values)]
         with autocast:
             loss, mb_stats = loss_fn(model, mb_advantages, *minibatch, args)
         optimizer.zero_grad(set_to_none=False)
@@ -388,8 +389,8 @@ def main() -> None:
         nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
         optimizer.step()
 
-    # --cudagraphs: no collective inside a graph, so across ranks the backward (eager under DDP, which
-    # all-reduces in it) and the step are graphed apart, around the flat all-reduce
+    # --cudagraphs: no collective inside a graph, so across ranks the backward (eager under DDP,
+    # which all-reduces in it) and the step are graphed apart, around the flat all-reduce
     flat = world_size > 1 and args.grad_sync == "flat"
     policy_step = graphs.graphed(policy_step, capture)
     advantages_and_returns = graphs.graphed(advantages_and_returns, capture)
@@ -419,7 +420,8 @@ def main() -> None:
         dones_np[0] = dones_np[-1]
         for step in range(args.num_steps):
             global_step += sizes.num_envs  # global: all ranks step at once
-            obs[step] = next_obs.permute(0, 2, 3, 1)  # outside the graph: a tensor index is slow on the CPU
+            # at an integer row, outside the graph: a tensor index is slow on the CPU
+            obs[step] = next_obs.permute(0, 2, 3, 1)
             policy_step(steps[step : step + 1])
 
             # TRY NOT TO MODIFY: execute the game and log data.
@@ -438,7 +440,7 @@ def main() -> None:
         b_advantages = advantages.reshape(-1)
         b_returns = returns.reshape(-1)
 
-        # Optimizing the policy and value network (as many minibatches, so all-reduces, on every rank)
+        # Optimizing the policy and value network (the same all-reduces on every rank)
         loss_sums = {}
         num_updates = 0
         for _epoch in range(args.update_epochs):
@@ -493,7 +495,7 @@ def main() -> None:
         last = iteration == num_iterations or preempted or reached
         if last or rt.steps_crossed(prev_step, global_step, args.checkpoint_every):
             state = dict(agent=agent.state_dict(), agent_kwargs=agent_kwargs, optimizer=optimizer.state_dict())
-            rt.save_checkpoint(run, iteration, global_step, None, **state)  # no rank_state: no env state
+            rt.save_checkpoint(run, iteration, global_step, None, **state)  # no env state
         if preempted or reached:
             break
 

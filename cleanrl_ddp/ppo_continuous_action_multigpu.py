@@ -265,8 +265,8 @@ def all_reduce_gradients_flat(params, world_size: int) -> None:
 
 
 class RunningStats:
-    """Count, mean and M2 (sum of squared deviations) per feature, float64; `update` merges the samples
-    of ALL ranks, so that every rank normalises alike."""
+    """Count, mean and M2 (sum of squared deviations) per feature, float64; `update` merges the
+    samples of ALL ranks, so that every rank normalises alike."""
 
     def __init__(self, shape=(), device=None):
         self.shape = tuple(shape)
@@ -280,7 +280,7 @@ class RunningStats:
         return torch.where(self.count == 0, torch.ones_like(self.m2), self.m2 / self.count)
 
     def update(self, x: torch.Tensor, world_size: int = 1) -> None:
-        """Merge the samples `x` [N, *shape] of every rank: one all-reduce, then Chan et al.'s (1979) formula."""
+        """Merge the samples `x` [N, *shape] of every rank: one all-reduce, then Chan et al. (1979)."""
         d = x.to(device=self.mean.device, dtype=torch.float64).reshape((-1,) + self.shape) - self.mean
         n_local = d.new_full((1,), d.shape[0])  # no host copy
         sums = torch.cat([n_local, d.sum(0).reshape(-1), (d * d).sum(0).reshape(-1)])
@@ -354,7 +354,7 @@ def main() -> None:
     agent_kwargs = dict(obs_dim=int(np.prod(obs_shape)), action_dim=int(np.prod(action_shape)))
     agent = Agent(**agent_kwargs).to(device)
     if world_size > 1:
-        for tensor in agent.state_dict().values():  # the same start whichever --grad-sync is used
+        for tensor in agent.state_dict().values():  # the same start on either --grad-sync
             dist.broadcast(tensor, src=0)
     # fused: one kernel for all parameters; the learning rate a tensor that a captured step reads
     optimizer = graphs.optimizer(optim.Adam, agent.parameters(), args.learning_rate, device, eps=1e-5, fused=True)
@@ -410,7 +410,7 @@ def main() -> None:
     b_values = values.reshape(-1)
 
     def policy_step(step):
-        """The policy on `next_raw`, written into rollout row `step` (a tensor: one graph serves every row)."""
+        """The policy on `next_raw`, written into rollout row `step` (a tensor: one graph for all rows)."""
         next_obs = network_input(next_raw, obs_stats, args)
         # ALGO LOGIC: action logic (the unwrapped agent: inference must not go through DDP)
         with torch.no_grad():
@@ -428,7 +428,8 @@ def main() -> None:
             return compute_gae(scaled, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
 
     def minibatch_backward(mb_inds, mb_advantages, b_returns):
-        minibatch = [b[mb_inds] for b in (b_obs, b_actions, b_logprobs, b_returns, b_values)]  # ppo_loss's order
+        # in ppo_loss's order
+        minibatch = [b[mb_inds] for b in (b_obs, b_actions, b_logprobs, b_returns, b_values)]
         loss, mb_stats = ppo_loss(model, mb_advantages, *minibatch, args)
         optimizer.zero_grad(set_to_none=False)
         loss.backward()
@@ -438,8 +439,8 @@ def main() -> None:
         nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
         optimizer.step()
 
-    # --cudagraphs: no collective inside a graph, so across ranks the backward (eager under DDP, which
-    # all-reduces in it) and the step are graphed apart, around the flat all-reduce
+    # --cudagraphs: no collective inside a graph, so across ranks the backward (eager under DDP,
+    # which all-reduces in it) and the step are graphed apart, around the flat all-reduce
     capture = graphs.enabled(args, run)  # on CUDA only: the CPU runs the same functions eagerly
     flat = world_size > 1 and args.grad_sync == "flat"
     policy_step = graphs.graphed(policy_step, capture)
@@ -503,7 +504,7 @@ def main() -> None:
         if args.norm_reward:
             return_stats.update(raw_returns, world_size)
 
-        # Optimizing the policy and value network (as many minibatches, so all-reduces, on every rank)
+        # Optimizing the policy and value network (the same all-reduces on every rank)
         loss_sums = {}
         num_updates = 0
         for _epoch in range(args.update_epochs):

@@ -287,7 +287,7 @@ def main() -> None:
     )
     agent = Agent(**agent_kwargs).to(device)
     if world_size > 1:
-        for tensor in agent.state_dict().values():  # the same start whichever --grad-sync is used
+        for tensor in agent.state_dict().values():  # the same start on either --grad-sync
             dist.broadcast(tensor, src=0)
     # fused: one kernel for all parameters; the learning rate a tensor that a captured step reads
     optimizer = graphs.optimizer(optim.Adam, agent.parameters(), args.learning_rate, device, eps=1e-5, fused=True)
@@ -334,7 +334,7 @@ def main() -> None:
     b_values = values.reshape(-1)
 
     def policy_step(step):
-        """The policy on `next_obs`, written into rollout row `step` (a tensor: one graph serves every row)."""
+        """The policy on `next_obs`, written into rollout row `step` (a tensor: one graph for all rows)."""
         # ALGO LOGIC: action logic (the unwrapped agent: inference must not go through DDP)
         with torch.no_grad():
             action, logprob, _, value = agent.get_action_and_value(next_obs)
@@ -349,7 +349,8 @@ def main() -> None:
             return compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
 
     def minibatch_backward(mb_inds, mb_advantages, b_returns):
-        minibatch = [b[mb_inds] for b in (b_obs, b_actions, b_logprobs, b_returns, b_values)]  # ppo_loss's order
+        # in ppo_loss's order
+        minibatch = [b[mb_inds] for b in (b_obs, b_actions, b_logprobs, b_returns, b_values)]
         loss, mb_stats = ppo_loss(model, mb_advantages, *minibatch, args)
         optimizer.zero_grad(set_to_none=False)
         loss.backward()
@@ -359,8 +360,8 @@ def main() -> None:
         nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
         optimizer.step()
 
-    # --cudagraphs: no collective inside a graph, so across ranks the backward (eager under DDP, which
-    # all-reduces in it) and the step are graphed apart, around the flat all-reduce
+    # --cudagraphs: no collective inside a graph, so across ranks the backward (eager under DDP,
+    # which all-reduces in it) and the step are graphed apart, around the flat all-reduce
     capture = graphs.enabled(args, run)  # on CUDA only: the CPU runs the same functions eagerly
     flat = world_size > 1 and args.grad_sync == "flat"
     policy_step = graphs.graphed(policy_step, capture)
@@ -409,7 +410,7 @@ def main() -> None:
         b_advantages = advantages.reshape(-1)
         b_returns = returns.reshape(-1)
 
-        # Optimizing the policy and value network (as many minibatches, so all-reduces, on every rank)
+        # Optimizing the policy and value network (the same all-reduces on every rank)
         loss_sums = {}
         num_updates = 0
         for _epoch in range(args.update_epochs):

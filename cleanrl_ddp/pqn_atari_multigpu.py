@@ -71,7 +71,7 @@ class Args(rt.RunArgs):
     q_lambda: float = 0.65
     """the lambda of the Q(lambda) returns"""
     eval_greedy: bool = False
-    """if toggled, evaluation is greedy (which can stall a game: no FIRE); default epsilon --end-e"""
+    """if toggled, evaluation is greedy (which can stall a game: no FIRE), else epsilon --end-e"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
     """how gradients are averaged: DDP, or one all-reduce of all gradients flattened"""
     cudagraphs: bool = True
@@ -79,7 +79,7 @@ class Args(rt.RunArgs):
 
 
 def make_env(env_id: str, num_envs: int, num_threads: int = 1, repeat_action_probability: float = 0.0):
-    """ALE's C++ vector env, as ppo_atari_multigpu.py's: a life loss sets `terminated`; rewards unclipped."""
+    """ALE's C++ vector env, as ppo_atari_multigpu.py's: a life loss sets `terminated`."""
     return AtariVectorEnv(
         atari.ale_game(env_id),
         num_envs,
@@ -109,7 +109,7 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 
 # ALGO LOGIC: initialize agent here:
 class QNetwork(nn.Module):
-    """The Nature CNN with LayerNorm after each layer (per-sample statistics: nothing to sync across ranks)."""
+    """The Nature CNN with LayerNorm after each layer (per-sample statistics: nothing to sync)."""
 
     def __init__(self, n_actions: int):
         super().__init__()
@@ -149,7 +149,7 @@ def load_agent(ckpt: dict, device) -> QNetwork:
     return q_network
 
 
-# ALGO LOGIC: sizes, epsilon, Q(lambda), the update and the gradient all-reduce (imported by the tests)
+# ALGO LOGIC: sizes, epsilon, Q(lambda), the update, the all-reduce (imported by the tests)
 @dataclass(frozen=True)
 class Sizes(rt.Sizes):
     local_batch_size: int
@@ -206,7 +206,7 @@ def q_lambda_returns(rewards, values, dones, next_value, next_done, gamma, q_lam
 
 
 def update_q_network(model, q_network, optimizer, obs, actions, returns, args: Args, world_size: int):
-    """One step on this rank's minibatch (`model` may be DDP): (TD loss, mean Q of the actions), detached."""
+    """One step on this rank's minibatch (`model` may be DDP): TD loss and mean Q, detached."""
     q_taken = model(obs).gather(1, actions.unsqueeze(1)).squeeze(1)
     loss = F.mse_loss(q_taken, returns)
     optimizer.zero_grad(set_to_none=False)
@@ -252,7 +252,7 @@ def main() -> None:
     agent_kwargs = dict(n_actions=n_actions)  # saved for cleanrl_ddp/evaluate.py
     q_network = QNetwork(**agent_kwargs).to(device)
     if world_size > 1:
-        for tensor in q_network.state_dict().values():  # the same start whichever --grad-sync is used
+        for tensor in q_network.state_dict().values():  # the same start on either --grad-sync
             dist.broadcast(tensor, src=0)
     # foreach: CUDA's default, on the CPU too
     optimizer = optim.RAdam(q_network.parameters(), lr=args.learning_rate, foreach=True)
@@ -269,7 +269,7 @@ def main() -> None:
     prev_lives = info["lives"]
     episodes = rt.Episodes(n)  # whole games (all lives)
 
-    # ALGO Logic: Storage setup, allocated once (a CUDA graph replays the addresses); frames stay uint8
+    # ALGO Logic: Storage setup, allocated once (a CUDA graph replays the addresses); uint8 frames
     obs_shape = envs.single_observation_space.shape
     obs = torch.zeros((args.num_steps, n) + obs_shape, dtype=torch.uint8, device=device)
     actions = torch.zeros((args.num_steps, n), dtype=torch.long, device=device)
@@ -291,7 +291,7 @@ def main() -> None:
     duration = args.exploration_fraction * args.total_timesteps
 
     def policy_step(step):
-        """Epsilon-greedy on `next_obs`, written into rollout row `step` (a tensor: one graph serves every row)."""
+        """Epsilon-greedy on `next_obs`, written into rollout row `step` (a tensor: one graph for all rows)."""
         # ALGO LOGIC: the rank's own draws; the unwrapped network (inference skips DDP)
         random_actions = torch.randint(0, n_actions, (n,), device=device)
         with torch.no_grad():
@@ -307,7 +307,7 @@ def main() -> None:
             dones, next_done = all_dones[:-1], all_dones[-1]
             return q_lambda_returns(rewards, values, dones, next_value, next_done, args.gamma, args.q_lambda)
 
-    # --cudagraphs: the update stays eager (RAdam's capturable step computes otherwise than its eager one)
+    # --cudagraphs: the update stays eager (RAdam's capturable step computes otherwise)
     capture = graphs.enabled(args, run)  # on CUDA only: the CPU runs the same functions eagerly
     policy_step = graphs.graphed(policy_step, capture)
     lambda_returns = graphs.graphed(lambda_returns, capture)
@@ -358,7 +358,7 @@ def main() -> None:
         for _epoch in range(args.update_epochs):
             b_inds = torch.randperm(sizes.local_batch_size, device=device).view(-1, sizes.local_minibatch_size)
             for mb_inds in b_inds:
-                minibatch = [b[mb_inds] for b in (b_obs, b_actions, b_returns)]  # update_q_network's order
+                minibatch = [b[mb_inds] for b in (b_obs, b_actions, b_returns)]
                 loss, q_mean = update_q_network(model, q_network, optimizer, *minibatch, args, world_size)
                 td_loss = td_loss + loss
                 q_values = q_values + q_mean
@@ -386,7 +386,7 @@ def main() -> None:
         last = iteration == num_iterations or preempted or reached
         if last or rt.steps_crossed(prev_step, global_step, args.checkpoint_every):
             state = dict(q_network=q_network.state_dict(), agent_kwargs=agent_kwargs, optimizer=optimizer.state_dict())
-            rt.save_checkpoint(run, iteration, global_step, None, **state)  # no rank_state: no env state
+            rt.save_checkpoint(run, iteration, global_step, None, **state)  # no env state
         if preempted or reached:
             break
 

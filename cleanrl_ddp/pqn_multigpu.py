@@ -1,4 +1,4 @@
-"""PQN (Gallici et al., 2024) for discrete-action classic control, data-parallel with torch.distributed.
+"""PQN (Gallici et al., 2024) for discrete actions (classic control), data-parallel.
 
 Docs: docs/pqn_multigpu.md. Launch it (all ranks run this same file; more ways in the README):
 
@@ -121,7 +121,7 @@ def load_agent(ckpt: dict, device) -> QNetwork:
     return q_network
 
 
-# ALGO LOGIC: sizes, epsilon, Q(lambda), the update and the gradient all-reduce (imported by the tests)
+# ALGO LOGIC: sizes, epsilon, Q(lambda), the update, the all-reduce (imported by the tests)
 @dataclass(frozen=True)
 class Sizes(rt.Sizes):
     local_batch_size: int
@@ -178,7 +178,7 @@ def q_lambda_returns(rewards, values, dones, next_value, next_done, gamma, q_lam
 
 
 def update_q_network(model, q_network, optimizer, obs, actions, returns, args: Args, world_size: int):
-    """One step on this rank's minibatch (`model` may be DDP): (TD loss, mean Q of the actions), detached."""
+    """One step on this rank's minibatch (`model` may be DDP): TD loss and mean Q, detached."""
     q_taken = model(obs).gather(1, actions.unsqueeze(1)).squeeze(1)
     loss = F.mse_loss(q_taken, returns)
     optimizer.zero_grad(set_to_none=False)
@@ -226,7 +226,7 @@ def main() -> None:
     agent_kwargs = dict(obs_dim=int(np.prod(envs.single_observation_space.shape)), n_actions=n_actions)
     q_network = QNetwork(**agent_kwargs).to(device)
     if world_size > 1:
-        for tensor in q_network.state_dict().values():  # the same start whichever --grad-sync is used
+        for tensor in q_network.state_dict().values():  # the same start on either --grad-sync
             dist.broadcast(tensor, src=0)
     # foreach: CUDA's default, on the CPU too
     optimizer = optim.RAdam(q_network.parameters(), lr=args.learning_rate, foreach=True)
@@ -270,7 +270,7 @@ def main() -> None:
     duration = args.exploration_fraction * args.total_timesteps
 
     def policy_step(step):
-        """Epsilon-greedy on `next_obs`, written into rollout row `step` (a tensor: one graph serves every row)."""
+        """Epsilon-greedy on `next_obs`, written into rollout row `step` (a tensor: one graph for all rows)."""
         # ALGO LOGIC: the rank's own draws; the unwrapped network (inference skips DDP)
         random_actions = torch.randint(0, n_actions, (n,), device=device)
         with torch.no_grad():
@@ -286,7 +286,7 @@ def main() -> None:
             dones, next_done = all_dones[:-1], all_dones[-1]
             return q_lambda_returns(rewards, values, dones, next_value, next_done, args.gamma, args.q_lambda)
 
-    # --cudagraphs: the update stays eager (RAdam's capturable step computes otherwise than its eager one)
+    # --cudagraphs: the update stays eager (RAdam's capturable step computes otherwise)
     capture = graphs.enabled(args, run)  # on CUDA only: the CPU runs the same functions eagerly
     policy_step = graphs.graphed(policy_step, capture)
     lambda_returns = graphs.graphed(lambda_returns, capture)
@@ -336,7 +336,7 @@ def main() -> None:
         for _epoch in range(args.update_epochs):
             b_inds = torch.randperm(sizes.local_batch_size, device=device).view(-1, sizes.local_minibatch_size)
             for mb_inds in b_inds:
-                minibatch = [b[mb_inds] for b in (b_obs, b_actions, b_returns)]  # update_q_network's order
+                minibatch = [b[mb_inds] for b in (b_obs, b_actions, b_returns)]
                 loss, q_mean = update_q_network(model, q_network, optimizer, *minibatch, args, world_size)
                 td_loss = td_loss + loss
                 q_values = q_values + q_mean

@@ -1,4 +1,4 @@
-"""SAC for continuous actions (CleanRL's `sac_continuous_action.py`), data-parallel with torch.distributed.
+"""SAC for continuous actions (CleanRL's `sac_continuous_action.py`), data-parallel.
 
 Docs: docs/sac_continuous_action_multigpu.md. Needs MuJoCo: `pip install -e ".[mujoco]"`. Launched as
 cleanrl_ddp/ppo_multigpu.py is. Every rank steps its own envs into its own replay buffer; the gradients of
@@ -42,7 +42,7 @@ class Args(rt.RunArgs):
     local_num_envs: int = 1
     """the number of parallel environments on each rank"""
     buffer_size: int = 1000000
-    """transitions held by the replay buffers of ALL ranks together (each rank keeps its own share)"""
+    """transitions held by the replay buffers of ALL ranks together (each rank its own share)"""
     gamma: float = 0.99
     """the discount factor gamma"""
     tau: float = 0.005
@@ -58,9 +58,9 @@ class Args(rt.RunArgs):
     q_lr: float = 1e-3
     """the learning rate of the Q network optimizer (and of the entropy temperature's)"""
     policy_frequency: int = 2
-    """train the actor (and temperature) N times after every N-th critic update (TD3's delayed update)"""
+    """train the actor (and temperature) N times every N critic updates (TD3's delayed update)"""
     target_network_frequency: int = 1
-    """critic updates between target-network updates (Denis Yarats' implementation delays this by 2)"""
+    """critic updates between target-network updates (Denis Yarats' implementation: 2)"""
     alpha: float = 0.2
     """entropy regularization coefficient (the fixed one, without --autotune)"""
     autotune: bool = True
@@ -100,7 +100,7 @@ class SoftQNetwork(nn.Module):
 
 
 class TwinQ(nn.Module):
-    """CleanRL's qf1 and qf2 in one module: one optimizer (as CleanRL's), one DDP wrapper, one all-reduce."""
+    """CleanRL's qf1 and qf2 in one module: one optimizer (as CleanRL's), one DDP, one all-reduce."""
 
     def __init__(self, obs_dim: int, action_dim: int):
         super().__init__()
@@ -128,8 +128,8 @@ class Actor(nn.Module):
         self.register_buffer("action_bias", (high + low) / 2.0)
 
     def forward(self, x, generator: Optional[torch.Generator] = None):
-        """CleanRL's `get_action` as `forward`, which DDP hooks: (sample, its log-prob, squashed mean); the
-        noise from `generator` (evaluation) or torch's per-rank stream."""
+        """CleanRL's `get_action` as `forward`, which DDP hooks: (sample, its log-prob, squashed
+        mean); the noise from `generator` (evaluation) or torch's per-rank stream."""
         x = F.relu(self.fc1(x))
         x = F.relu(self.fc2(x))
         mean = self.fc_mean(x)
@@ -149,7 +149,7 @@ class Actor(nn.Module):
 
 
 def eval_action(actor: Actor, obs, greedy: bool, generator, args: Args):
-    """Evaluation's actions (cleanrl_ddp/evals.py): the deterministic actor's, or sampled with `generator`."""
+    """Evaluation's actions (cleanrl_ddp/evals.py): the deterministic actor's, or sampled."""
     sampled, _, deterministic = actor(obs.float(), generator)
     return deterministic if greedy else sampled
 
@@ -186,14 +186,14 @@ def derive_sizes(args: Args, world_size: int) -> Sizes:
         num_envs=num_envs,
         batch_size=args.local_batch_size * world_size,
         num_iterations=num_iterations,
-        local_buffer_size=args.buffer_size // world_size,  # rounded down: all ranks hold at most --buffer-size
+        local_buffer_size=args.buffer_size // world_size,  # rounded down: at most --buffer-size
         updates_per_env_step=args.updates_per_iteration / num_envs,
         replay_ratio=args.updates_per_iteration * args.local_batch_size * world_size / num_envs,
     )
 
 
 def critic_loss(qf_model, qf_target, actor, obs, actions, rewards, next_obs, terminations, alpha, gamma: float):
-    """The twin soft-Q values and losses of one local batch: (qf1 values, qf2 values, qf1 loss, qf2 loss)."""
+    """The twin soft-Q values and losses of one local batch: qf1 and qf2 values, qf1 and qf2 loss."""
     with torch.no_grad():
         next_state_actions, next_state_log_pi, _ = actor(next_obs)
         qf1_next_target, qf2_next_target = qf_target(next_obs, next_state_actions)
@@ -206,14 +206,14 @@ def critic_loss(qf_model, qf_target, actor, obs, actions, rewards, next_obs, ter
 
 
 def policy_loss(actor_model, qf, obs, alpha):
-    """The actor's loss of one local batch (`actor_model` may be DDP-wrapped; `qf` unwrapped, frozen)."""
+    """The actor's loss of one local batch (`actor_model` may be DDP; `qf` unwrapped, frozen)."""
     pi, log_pi, _ = actor_model(obs)
     qf1_pi, qf2_pi = qf(obs, pi)
     return ((alpha * log_pi.view(-1)) - torch.min(qf1_pi, qf2_pi)).mean()
 
 
 def temperature_loss(actor, log_alpha, obs, target_entropy: float):
-    """The entropy temperature's loss of one local batch, from the updated actor's log-probabilities."""
+    """The entropy temperature's loss of one local batch, from the updated actor's log-probs."""
     with torch.no_grad():
         _, log_pi, _ = actor(obs)
     return (-log_alpha.exp() * (log_pi + target_entropy)).mean()
@@ -221,7 +221,7 @@ def temperature_loss(actor, log_alpha, obs, target_entropy: float):
 
 @torch.no_grad()
 def soft_update(nets, targets, tau: float) -> None:
-    """Polyak-average `targets` towards `nets` (tau x online + (1 - tau) x target) in one foreach lerp."""
+    """Polyak-average `targets` towards `nets` (tau x online + (1 - tau) x target): one lerp."""
     online = [p for net in nets for p in net.parameters()]
     torch._foreach_lerp_([p for target in targets for p in target.parameters()], online, tau)
 
@@ -252,7 +252,7 @@ def main() -> None:
     capture = graphs.enabled(args, run)  # on CUDA only: the CPU runs the same functions eagerly
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = ckpt["global_step"] if ckpt else 0
-    # the replay buffers are not saved: a resumed run refills them first, acting with the resumed actor
+    # the replay buffers are not saved: a resumed run refills them, acting with the resumed actor
     train_start = args.learning_starts + global_step
     if ckpt and run.is_main:
         print(f"  updates restart at global step {train_start} (buffer refill)", flush=True)
@@ -273,7 +273,7 @@ def main() -> None:
     agent_kwargs["action_high"] = action_high.tolist()
     actor = Actor(**agent_kwargs).to(device)
     qf = TwinQ(obs_dim, action_dim).to(device)
-    if world_size > 1:  # the same start whichever --grad-sync is used
+    if world_size > 1:  # the same start on either --grad-sync
         for tensor in [*actor.state_dict().values(), *qf.state_dict().values()]:
             dist.broadcast(tensor, src=0)
     qf_target = TwinQ(obs_dim, action_dim).to(device)
@@ -333,7 +333,7 @@ def main() -> None:
         qf.requires_grad_(True)
         actor_optimizer.zero_grad(set_to_none=False)
         actor_loss.backward()
-        return actor_loss.detach().clone()  # a copy: under CUDA graphs the next compiled call reuses its memory
+        return actor_loss.detach().clone()  # a copy: a compiled graph's next call reuses its memory
 
     def actor_step():
         actor_optimizer.step()
@@ -352,9 +352,9 @@ def main() -> None:
     def update_targets():
         soft_update([qf], [qf_target], args.tau)
 
-    # --cudagraphs: no collective inside a graph, so across ranks each backward (eager under DDP, which
-    # all-reduces in it) and each step are graphed apart, around the all-reduces
-    act = graphs.graphed(lambda obs: actor(obs)[0], capture)  # the unwrapped actor: acting skips DDP
+    # --cudagraphs: no collective inside a graph, so across ranks each backward (eager under DDP,
+    # which all-reduces in it) and each step are graphed apart, around the all-reduces
+    act = graphs.graphed(lambda obs: actor(obs)[0], capture)  # unwrapped: acting skips DDP
     update_targets = graphs.graphed(update_targets, capture)
     critic_backward = graphs.graphed(critic_backward, capture and flat)
     actor_backward = graphs.graphed(actor_backward, capture and flat)
@@ -419,7 +419,7 @@ def main() -> None:
         done = terminations | truncations
         episodes.step(rewards, done)
 
-        # TRY NOT TO MODIFY: save data to the replay buffer; an ended episode's next_obs is its final one
+        # TRY NOT TO MODIFY: save data to the replay buffer; handle `final_obs`
         real_next_obs = next_obs.copy()
         if done.any():  # SAME_STEP autoreset: next_obs is already the reset observation
             real_next_obs[done] = np.stack(infos["final_obs"][done])
@@ -438,11 +438,12 @@ def main() -> None:
                     sums[k] += v.double()
 
                 if num_updates % args.policy_frequency == 0:  # TD3's delayed update
-                    for _ in range(args.policy_frequency):  # compensate for the delay with as many actor updates
+                    for _ in range(args.policy_frequency):  # compensate for the delay
                         actor_stats = update_actor(data["obs"])
                         num_actor_updates += 1
                         sums["actor_updates"] += 1
-                        for k, v in zip(loss_names[4:], actor_stats, strict=False):  # no alpha_loss if --no-autotune
+                        # no alpha_loss with --no-autotune
+                        for k, v in zip(loss_names[4:], actor_stats, strict=False):
                             sums[k] += v.double()
 
                 if num_updates % args.target_network_frequency == 0:
@@ -453,7 +454,7 @@ def main() -> None:
         last = iteration == num_iterations
         logging = bool(rt.steps_crossed(prev_step, global_step, args.log_every)) or last
         if logging:
-            # alpha (equal on every rank) rides in the same all-reduce: one device read per logged step
+            # alpha (equal on every rank) rides in the all-reduce: one device read per logged step
             m = rt.all_sum(run, sums | episodes.take() | dict(alpha=alpha[0]))
             sums = dict.fromkeys(sums, 0.0)
             scalars = {"losses/alpha": m["alpha"] / world_size, "charts/updates": num_updates}
@@ -467,11 +468,11 @@ def main() -> None:
                 scalars |= {f"losses/{k}": m[k] / m["actor_updates"] for k in actor_losses}
             rt.log(run, global_step, scalars, m)
             update_seconds = 0.0
-        if rt.steps_crossed(prev_step, global_step, args.sync_check_every):  # targets and temperature too
+        if rt.steps_crossed(prev_step, global_step, args.sync_check_every):  # targets, temperature too
             rt.check_replicas_in_sync(f"iteration {iteration}", world_size, *learned.values(), log_alpha)
         reached = evals.evaluate(run, actor, eval_action, make_env, prev_step, global_step)
 
-        preempted = logging and rt.preempted(run)  # the vote, on logged steps only: every rank stops there
+        preempted = logging and rt.preempted(run)  # the vote, on logged steps only
         if last or preempted or reached or rt.steps_crossed(prev_step, global_step, args.checkpoint_every):
             state = {key: obj.state_dict() for key, obj in learned.items()}
             state["log_alpha"] = log_alpha.detach().cpu()

@@ -1,4 +1,4 @@
-"""TD3 for continuous actions (CleanRL's `td3_continuous_action.py`), data-parallel with torch.distributed.
+"""TD3 for continuous actions (CleanRL's `td3_continuous_action.py`), data-parallel.
 
 Docs: docs/td3_continuous_action_multigpu.md. Needs MuJoCo: `pip install -e ".[mujoco]"`. Launched as
 cleanrl_ddp/ppo_multigpu.py is. Every rank steps its own envs into its own replay buffer; the gradients of
@@ -43,7 +43,7 @@ class Args(rt.RunArgs):
     local_num_envs: int = 1
     """the number of parallel environments on each rank"""
     buffer_size: int = 1000000
-    """transitions held by the replay buffers of ALL ranks together (each rank keeps its own share)"""
+    """transitions held by the replay buffers of ALL ranks together (each rank its own share)"""
     gamma: float = 0.99
     """the discount factor gamma"""
     tau: float = 0.005
@@ -59,11 +59,11 @@ class Args(rt.RunArgs):
     learning_starts: int = 25000
     """global step after which updates start (random actions before it)"""
     policy_frequency: int = 2
-    """the actor and the target networks are updated after every N-th critic update (TD3's delayed update)"""
+    """update the actor and the target networks every N critic updates (TD3's delayed update)"""
     noise_clip: float = 0.5
-    """the target policy smoothing noise is clipped to [-noise_clip, noise_clip] (times the action scale)"""
+    """the target policy smoothing noise is clipped to [-noise_clip, noise_clip] (x action scale)"""
     eval_greedy: bool = True
-    """if toggled, evaluation acts with the actor alone; --no-eval-greedy adds the exploration noise"""
+    """if toggled, evaluation acts with the actor alone; --no-eval-greedy adds exploration noise"""
     log_every: int = 1000
     """global steps between logged (all-reduced) metrics, where a preemption signal stops the run"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
@@ -97,7 +97,7 @@ class QNetwork(nn.Module):
 
 
 class TwinQ(nn.Module):
-    """CleanRL's qf1 and qf2 in one module: one optimizer (as CleanRL's), one DDP wrapper, one all-reduce."""
+    """CleanRL's qf1 and qf2 in one module: one optimizer (as CleanRL's), one DDP, one all-reduce."""
 
     def __init__(self, obs_dim: int, action_dim: int):
         super().__init__()
@@ -127,8 +127,7 @@ class Actor(nn.Module):
 
 
 def eval_action(actor: Actor, obs, greedy: bool, generator, args: Args):
-    """Evaluation's actions (cleanrl_ddp/evals.py): the actor's, plus the exploration noise (as CleanRL's
-    td3_eval) unless `greedy`."""
+    """Evaluation's actions (cleanrl_ddp/evals.py): the actor's, plus exploration noise unless `greedy`."""
     action = actor(obs.float())
     if not greedy:
         noise = torch.randn(action.shape, generator=generator, device=action.device)
@@ -168,14 +167,14 @@ def derive_sizes(args: Args, world_size: int) -> Sizes:
         num_envs=num_envs,
         batch_size=args.local_batch_size * world_size,
         num_iterations=num_iterations,
-        local_buffer_size=args.buffer_size // world_size,  # rounded down: all ranks hold at most --buffer-size
+        local_buffer_size=args.buffer_size // world_size,  # rounded down: at most --buffer-size
         updates_per_env_step=args.updates_per_iteration / num_envs,
         replay_ratio=args.updates_per_iteration * args.local_batch_size * world_size / num_envs,
     )
 
 
 def critic_loss(qf_model, qf_target, target_actor, obs, actions, rewards, next_obs, terminations, args: Args):
-    """The twin Q values and losses of one local batch: (qf1 values, qf2 values, qf1 loss, qf2 loss). The
+    """The twin Q values and losses of one local batch: qf1 and qf2 values, qf1 and qf2 loss. The
     target policy smoothing noise comes from this rank's torch stream."""
     with torch.no_grad():
         noise = torch.randn(actions.shape, device=actions.device) * args.policy_noise
@@ -193,14 +192,14 @@ def critic_loss(qf_model, qf_target, target_actor, obs, actions, rewards, next_o
 
 
 def policy_loss(actor_model, qf, obs):
-    """The actor's loss of one local batch, through the first critic (`qf` unwrapped, frozen by the caller)."""
+    """The actor's loss of one local batch, through the first critic (`qf` unwrapped, frozen)."""
     qf1_pi = qf.qf1(obs, actor_model(obs))
     return -qf1_pi.mean()
 
 
 @torch.no_grad()
 def soft_update(nets, targets, tau: float) -> None:
-    """Polyak-average `targets` towards `nets` (tau x online + (1 - tau) x target) in one foreach lerp."""
+    """Polyak-average `targets` towards `nets` (tau x online + (1 - tau) x target): one lerp."""
     online = [p for net in nets for p in net.parameters()]
     torch._foreach_lerp_([p for target in targets for p in target.parameters()], online, tau)
 
@@ -231,7 +230,7 @@ def main() -> None:
     capture = graphs.enabled(args, run)  # on CUDA only: the CPU runs the same functions eagerly
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = ckpt["global_step"] if ckpt else 0
-    # the replay buffers are not saved: a resumed run refills them first, acting with the resumed actor
+    # the replay buffers are not saved: a resumed run refills them, acting with the resumed actor
     train_start = args.learning_starts + global_step
     if ckpt and run.is_main:
         print(f"  updates restart at global step {train_start} (buffer refill)", flush=True)
@@ -252,7 +251,7 @@ def main() -> None:
     agent_kwargs["action_high"] = action_high.tolist()
     actor = Actor(**agent_kwargs).to(device)
     qf = TwinQ(obs_dim, action_dim).to(device)
-    if world_size > 1:  # the same start whichever --grad-sync is used
+    if world_size > 1:  # the same start on either --grad-sync
         for tensor in [*actor.state_dict().values(), *qf.state_dict().values()]:
             dist.broadcast(tensor, src=0)
     target_actor = Actor(**agent_kwargs).to(device)
@@ -311,9 +310,9 @@ def main() -> None:
         actor_optimizer.step()
         soft_update([actor, qf], [target_actor, qf_target], args.tau)
 
-    # --cudagraphs: no collective inside a graph, so across ranks each backward (eager under DDP, which
-    # all-reduces in it) and each step are graphed apart, around the all-reduce
-    # the exploring action is evaluation's sampled one: the unwrapped actor (acting is not through DDP) plus noise
+    # --cudagraphs: no collective inside a graph, so across ranks each backward (eager under DDP,
+    # which all-reduces in it) and each step are graphed apart, around the all-reduce
+    # the exploring action is evaluation's sampled one: the unwrapped actor (acting skips DDP) plus noise
     act = graphs.graphed(lambda obs: eval_action(actor, obs, False, None, args), capture)
     critic_backward = graphs.graphed(critic_backward, capture and flat)
     actor_backward = graphs.graphed(actor_backward, capture and flat)
@@ -370,7 +369,7 @@ def main() -> None:
         done = terminations | truncations
         episodes.step(rewards, done)
 
-        # TRY NOT TO MODIFY: save data to the replay buffer; an ended episode's next_obs is its final one
+        # TRY NOT TO MODIFY: save data to the replay buffer; handle `final_obs`
         real_next_obs = next_obs.copy()
         if done.any():  # SAME_STEP autoreset: next_obs is already the reset observation
             real_next_obs[done] = np.stack(infos["final_obs"][done])
@@ -388,7 +387,7 @@ def main() -> None:
                 for k, v in zip(loss_names, critic_stats, strict=True):
                     sums[k] += v.double()
 
-                if num_updates % args.policy_frequency == 0:  # TD3's delayed update, then the target networks
+                if num_updates % args.policy_frequency == 0:  # TD3's delayed update, then the targets
                     actor_loss = update_actor(data["obs"])
                     num_actor_updates += 1
                     sums["actor_updates"] += 1
@@ -410,11 +409,11 @@ def main() -> None:
                 scalars["losses/actor_loss"] = m["actor_loss"] / m["actor_updates"]
             rt.log(run, global_step, scalars, m)
             update_seconds = 0.0
-        if rt.steps_crossed(prev_step, global_step, args.sync_check_every):  # the target networks too
+        if rt.steps_crossed(prev_step, global_step, args.sync_check_every):  # target networks too
             rt.check_replicas_in_sync(f"iteration {iteration}", world_size, *learned.values())
         reached = evals.evaluate(run, actor, eval_action, make_env, prev_step, global_step)
 
-        preempted = logging and rt.preempted(run)  # the vote, on logged steps only: every rank stops there
+        preempted = logging and rt.preempted(run)  # the vote, on logged steps only
         if last or preempted or reached or rt.steps_crossed(prev_step, global_step, args.checkpoint_every):
             state = {key: obj.state_dict() for key, obj in learned.items()}
             state |= dict(agent_kwargs=agent_kwargs, num_updates=num_updates, num_actor_updates=num_actor_updates)
