@@ -20,7 +20,7 @@ import tyro
 from ale_py.vector_env import AtariVectorEnv
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from cleanrl_ddp import atari, evals, graphs
+from cleanrl_ddp import atari, evals, graphs, replay
 from cleanrl_ddp import runtime as rt
 
 SCRIPT = os.path.basename(__file__)[: -len(".py")]
@@ -37,9 +37,9 @@ class Args(rt.RunArgs):
 
     # Algorithm specific arguments
     env_id: str = "BreakoutNoFrameskip-v4"
-    """the Atari game: `BreakoutNoFrameskip-v4`, `ALE/Breakout-v5` or an ALE ROM name such as `breakout`"""
+    """the Atari game: `BreakoutNoFrameskip-v4`, `ALE/Breakout-v5` or a ROM name (`breakout`)"""
     repeat_action_probability: Optional[float] = None
-    """sticky actions; default 0.25 for `ALE/*-v5` ids (Machado et al., 2018), else 0.0 (the v4 protocol)"""
+    """sticky actions; default 0.25 for `ALE/*-v5` ids (Machado et al., 2018), else 0.0"""
     total_timesteps: int = 10000000
     """env steps (agent steps, 4 frames each) of the whole run, summed over all ranks"""
     learning_rate: float = 1e-4
@@ -47,7 +47,7 @@ class Args(rt.RunArgs):
     local_num_envs: int = 1
     """the number of parallel environments on each rank"""
     buffer_size: int = 1000000
-    """transitions held by the replay memory of ALL ranks together (each rank keeps its own share)"""
+    """transitions held by the replay memories of ALL ranks together (each rank its own share)"""
     gamma: float = 0.99
     """the discount factor gamma"""
     tau: float = 1.0
@@ -71,15 +71,15 @@ class Args(rt.RunArgs):
     eval_greedy: bool = False
     """if toggled, evaluation is greedy (epsilon 0) instead of using --eval-epsilon"""
     log_every: int = 1000
-    """global steps between logged (all-reduced) metrics; a preemption signal is acted on at these steps"""
+    """global steps between logged (all-reduced) metrics, where a preemption signal stops the run"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
-    """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
+    """how gradients are averaged: DDP, or one all-reduce of all gradients flattened"""
     cudagraphs: bool = True
-    """CUDA: the greedy actions replayed as one CUDA graph (the CPU runs them eagerly)"""
+    """on CUDA, replay the greedy actions as one CUDA graph"""
 
 
 def make_env(env_id: str, num_envs: int, num_threads: int = 1, repeat_action_probability: float = 0.0):
-    """ALE's C++ vector env, CleanRL's preprocessing; the loop clips rewards and ends episodes at lost lives."""
+    """ALE's C++ vector env, CleanRL's preprocessing; the loop clips rewards and handles lost lives."""
     return AtariVectorEnv(
         atari.ale_game(env_id),
         num_envs,
@@ -103,7 +103,7 @@ def make_env(env_id: str, num_envs: int, num_threads: int = 1, repeat_action_pro
 
 # ALGO LOGIC: initialize agent here:
 class QNetwork(nn.Module):
-    """The Nature-DQN CNN (Mnih et al. 2015), as in CleanRL's dqn_atari.py (PyTorch default init)."""
+    """The Nature-DQN CNN (Mnih et al. 2015), as CleanRL's dqn_atari.py (PyTorch's default init)."""
 
     def __init__(self, n_actions: int):
         super().__init__()
@@ -125,7 +125,7 @@ class QNetwork(nn.Module):
 
 
 def eval_action(q_network: QNetwork, obs, greedy: bool, generator, args: Args):
-    """Evaluation's actions (cleanrl_ddp/evals.py): epsilon-greedy, --eval-epsilon (0 if `greedy`)."""
+    """Evaluation's actions (cleanrl_ddp/evals.py): epsilon-greedy with --eval-epsilon (or 0)."""
     q_values = q_network(obs)
     epsilon = 0.0 if greedy else args.eval_epsilon
     explore = torch.rand(len(obs), generator=generator, device=obs.device) < epsilon
@@ -139,7 +139,7 @@ def load_agent(ckpt: dict, device) -> QNetwork:
     return q_network
 
 
-# ALGO LOGIC: sizes, the replay memory, the schedules, the loss, the update and the gradient all-reduce
+# ALGO LOGIC: sizes, the schedules, the loss, the update and the gradient all-reduce
 @dataclass(frozen=True)
 class Sizes(rt.Sizes):
     local_buffer_size: int
@@ -152,7 +152,7 @@ def derive_sizes(args: Args, world_size: int) -> Sizes:
     names = ("local_num_envs", "local_batch_size", "total_timesteps", "buffer_size", "train_frequency")
     rt.require_at_least_1(args, *names, "target_network_frequency", "log_every")
     num_envs = args.local_num_envs * world_size
-    env_buffer_capacity = args.buffer_size // num_envs  # rounded down: all envs hold at most --buffer-size
+    env_buffer_capacity = args.buffer_size // num_envs  # rounded down: at most --buffer-size
     if env_buffer_capacity < STACK_NUM + 2:
         raise rt.RunError(
             f"--buffer-size {args.buffer_size} leaves {env_buffer_capacity} slots per env; each env needs at "
@@ -162,7 +162,7 @@ def derive_sizes(args: Args, world_size: int) -> Sizes:
         raise rt.RunError(
             f"--learning-starts must be at least the number of envs ({num_envs}), got {args.learning_starts}"
         )
-    if not 0 < args.exploration_fraction * args.total_timesteps:  # epsilon decays over this many steps
+    if not 0 < args.exploration_fraction * args.total_timesteps:  # epsilon's decay, in steps
         raise rt.RunError(f"--exploration-fraction must be positive, got {args.exploration_fraction}")
     num_iterations = args.total_timesteps // num_envs
     if num_iterations < 1:
@@ -178,65 +178,6 @@ def derive_sizes(args: Args, world_size: int) -> Sizes:
     )
 
 
-class FrameReplayBuffer:
-    """One rank's replay memory: a ring per env, every frame stored once (uint8), stacks rebuilt when sampled.
-
-    Slot t holds the NEWEST frame of step t's observation, its action, clipped reward and `terminated`.
-    `first` marks a reset's observation; `final` a game's last, only the next_obs of the slot before it.
-    """
-
-    def __init__(self, capacity: int, num_envs: int, frame_shape=FRAME_SHAPE, stack_num: int = STACK_NUM):
-        self.capacity, self.num_envs, self.stack_num = capacity, num_envs, stack_num
-        self.frames = np.zeros((num_envs, capacity, *frame_shape), dtype=np.uint8)
-        self.actions = np.zeros((num_envs, capacity), dtype=np.uint8)  # ALE has at most 18 actions
-        self.rewards = np.zeros((num_envs, capacity), dtype=np.float32)
-        self.terminated, self.first, self.final = (np.zeros((num_envs, capacity), dtype=bool) for _ in range(3))
-        self.pos, self.size = 0, 0  # pos: the slot written next (the same for every env)
-
-    def add(self, frame, action, reward, terminated, first, final) -> None:
-        """Store one step of every env: arrays of shape [num_envs, ...]."""
-        p = self.pos
-        self.frames[:, p], self.actions[:, p], self.rewards[:, p] = frame, action, reward
-        self.terminated[:, p], self.first[:, p], self.final[:, p] = terminated, first, final
-        self.pos = (p + 1) % self.capacity
-        self.size = min(self.size + 1, self.capacity)
-
-    def stack(self, env_idx: np.ndarray, slot: np.ndarray) -> np.ndarray:
-        """The frame stacks ending at physical `slot` of envs `env_idx`: uint8 [B, stack_num, H, W]."""
-        slots = (slot[:, None] + np.arange(1 - self.stack_num, 1)) % self.capacity  # oldest .. newest
-        first = self.first[env_idx[:, None], slots]
-        # a frame is part of the stack unless an episode starts AFTER it (later in the stack)
-        starts_at_or_after = np.flip(np.cumsum(np.flip(first, 1), 1), 1)
-        keep = (starts_at_or_after - first) == 0
-        return self.frames[env_idx[:, None], slots] * keep[:, :, None, None].astype(np.uint8)
-
-    def transitions(self, env_idx: np.ndarray, slot: np.ndarray) -> dict:
-        """The transitions at physical `slot` of envs `env_idx` (the caller checked they are valid)."""
-        return dict(
-            obs=self.stack(env_idx, slot),
-            actions=self.actions[env_idx, slot].astype(np.int64),
-            rewards=self.rewards[env_idx, slot],
-            next_obs=self.stack(env_idx, (slot + 1) % self.capacity),
-            terminated=self.terminated[env_idx, slot].astype(np.float32),
-        )
-
-    def sample(self, batch_size: int, rng=np.random) -> dict:
-        """Uniform over the valid transitions (`final` slots redrawn); `rng`: a RandomState."""
-        if self.size < 2:
-            raise ValueError("the replay buffer needs at least two steps before sampling")
-        # age 0 is the oldest slot; the newest one has no next_obs yet
-        oldest = self.pos if self.size == self.capacity else 0
-        low = self.stack_num - 1 if self.size == self.capacity else 0  # older stacks are overwritten
-        env_idx = rng.randint(0, self.num_envs, batch_size)
-        slot = (oldest + rng.randint(low, self.size - 1, batch_size)) % self.capacity
-        redraw = self.final[env_idx, slot]
-        while redraw.any():
-            env_idx[redraw] = rng.randint(0, self.num_envs, int(redraw.sum()))
-            slot[redraw] = (oldest + rng.randint(low, self.size - 1, int(redraw.sum()))) % self.capacity
-            redraw = self.final[env_idx, slot]
-        return self.transitions(env_idx, slot)
-
-
 def linear_schedule(start_e: float, end_e: float, duration: float, t: int) -> float:
     slope = (end_e - start_e) / duration
     return max(slope * t + start_e, end_e)
@@ -248,7 +189,7 @@ def life_lost(lives: np.ndarray, prev_lives: np.ndarray) -> np.ndarray:
 
 
 def td_loss(model, target_network, obs, actions, rewards, next_obs, terminated, gamma: float):
-    """CleanRL's DQN loss of one local batch (`model` may be DDP-wrapped); returns (loss, mean Q of the actions)."""
+    """CleanRL's DQN loss of one local batch (`model` may be DDP): the loss and the actions' mean Q."""
     with torch.no_grad():
         target_max, _ = target_network(next_obs).max(dim=1)
         td_target = rewards + gamma * target_max * (1 - terminated)
@@ -257,7 +198,7 @@ def td_loss(model, target_network, obs, actions, rewards, next_obs, terminated, 
 
 
 def update_q_network(data: dict, model, q_network, target_network, optimizer, args: Args, world_size: int):
-    """One gradient step on this rank's batch `data`, gradients averaged over ranks; returns `td_loss`'s."""
+    """One step on this rank's batch `data`, gradients averaged over ranks; returns `td_loss`'s."""
     loss, q_mean = td_loss(model, target_network, **data, gamma=args.gamma)
     optimizer.zero_grad(set_to_none=False)
     loss.backward()
@@ -268,7 +209,7 @@ def update_q_network(data: dict, model, q_network, target_network, optimizer, ar
 
 
 def all_reduce_gradients_flat(params, world_size: int) -> None:
-    """Average gradients over ranks: one all-reduce of a flat buffer, not DDP (entity-neural-network/incubator#220)."""
+    """Average gradients over ranks in one flat all-reduce (entity-neural-network/incubator#220)."""
     if world_size == 1:
         return
     grads = [p.grad for p in params]
@@ -284,8 +225,8 @@ def all_reduce_gradients_flat(params, world_size: int) -> None:
 def main() -> None:
     args = tyro.cli(Args)
     run = rt.start(args, SCRIPT)
-    state = ("q_network", "target_network", "optimizer", "num_updates", "num_target_updates")
-    args, ckpt = rt.load_run(run, args, required=state)
+    required = ("q_network", "target_network", "optimizer", "num_updates", "num_target_updates")
+    args, ckpt = rt.load_run(run, args, required=required)
     rank, world_size, device = run.rank, run.world_size, run.device
     sizes = derive_sizes(args, world_size)
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
@@ -304,7 +245,7 @@ def main() -> None:
     agent_kwargs = dict(n_actions=n_actions)
     q_network = QNetwork(**agent_kwargs).to(device)
     if world_size > 1:
-        for tensor in q_network.state_dict().values():  # the same start whichever --grad-sync is used
+        for tensor in q_network.state_dict().values():  # the same start on either --grad-sync
             dist.broadcast(tensor, src=0)
     optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate)
     target_network = QNetwork(**agent_kwargs).to(device)
@@ -317,9 +258,9 @@ def main() -> None:
         rt.resume_rng(run, ckpt, args.seed)
     model = DDP(q_network) if world_size > 1 and args.grad_sync == "ddp" else q_network
 
-    # ALE's envs cannot be saved: a resumed run seeds them past the earlier attempts' seeds
+    # ALE's envs cannot be saved: a resumed run seeds them past the seeds used before
     obs, infos = envs.reset(seed=args.seed + rank * n + (start_iteration - 1) * sizes.num_envs)
-    rb = FrameReplayBuffer(sizes.env_buffer_capacity, n)
+    rb = replay.FrameReplayBuffer(sizes.env_buffer_capacity, n, FRAME_SHAPE, STACK_NUM)
     obs_first = np.ones(n, dtype=bool)  # `obs` came from a reset
     obs_final = np.zeros(n, dtype=bool)  # `obs` is a game's last: the next step resets
     prev_lives = infos["lives"].copy()
@@ -330,13 +271,15 @@ def main() -> None:
         with torch.no_grad():  # the unwrapped network: inference must not go through DDP
             return q_network(static_obs).argmax(dim=1)
 
-    greedy_actions = graphs.graphed(greedy_actions, graphs.enabled(args, run))  # --cudagraphs: one replay
+    capture = graphs.enabled(args, run)  # on CUDA only: the CPU runs the same function eagerly
+    greedy_actions = graphs.graphed(greedy_actions, capture)
     episodes = rt.Episodes(n)  # whole games
     sums = dict(td_loss=0.0, q_values=0.0, updates=0)  # since the last logged step
     num_updates = ckpt["num_updates"] if ckpt else 0
     num_target_updates = ckpt["num_target_updates"] if ckpt else 0
     update_seconds = 0.0  # rank 0's, per log interval
-    num_iterations, preempted = sizes.num_iterations, False
+    num_iterations = sizes.num_iterations
+    preempted = False
     rt.open_run(run, sizes, ckpt)
 
     for iteration in range(start_iteration, num_iterations + 1):
@@ -354,8 +297,8 @@ def main() -> None:
         # TRY NOT TO MODIFY: execute the game and log data.
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
         lives = infos["lives"]
-        game_over = (terminations | truncations) & ~obs_final  # a step from a final obs is the reset
-        # episodic life (Mnih et al. 2015): a lost life ends the episode for learning, not for logging
+        game_over = (terminations | truncations) & ~obs_final  # a step from a final obs resets
+        # episodic life (Mnih et al. 2015): a lost life ends the episode for learning, not logging
         terminated = (terminations | life_lost(lives, prev_lives)) & ~obs_final
         episodes.step(rewards * ~obs_final, game_over, stepped=~obs_final)
 
@@ -386,18 +329,19 @@ def main() -> None:
         last = iteration == num_iterations
         logging = bool(rt.steps_crossed(prev_step, global_step, args.log_every)) or last
         if logging:
-            m, sums = rt.all_sum(run, sums | episodes.take()), dict.fromkeys(sums, 0.0)
+            m = rt.all_sum(run, sums | episodes.take())
+            sums = dict.fromkeys(sums, 0.0)
             scalars = {"charts/epsilon": epsilon, "charts/updates": num_updates}
             scalars |= {"charts/target_updates": num_target_updates, "perf/update_seconds": update_seconds}
             if m["updates"]:  # no losses in an interval without updates
                 scalars |= {f"losses/{k}": m[k] / m["updates"] for k in ("td_loss", "q_values")}
             rt.log(run, global_step, scalars, m)
             update_seconds = 0.0
-        if rt.steps_crossed(prev_step, global_step, args.sync_check_every):  # the target network too
+        if rt.steps_crossed(prev_step, global_step, args.sync_check_every):  # target network too
             rt.check_replicas_in_sync(f"iteration {iteration}", world_size, q_network, target_network, optimizer)
         reached = evals.evaluate(run, q_network, eval_action, make_env, prev_step, global_step, ale=True)
 
-        preempted = logging and rt.preempted(run)  # the vote, on logged steps only: every rank stops there
+        preempted = logging and rt.preempted(run)  # the vote, on logged steps only
         if last or preempted or reached or rt.steps_crossed(prev_step, global_step, args.checkpoint_every):
             state = dict(q_network=q_network.state_dict(), target_network=target_network.state_dict())
             state |= dict(agent_kwargs=agent_kwargs, optimizer=optimizer.state_dict())

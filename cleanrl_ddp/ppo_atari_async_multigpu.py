@@ -1,4 +1,4 @@
-"""PPO on Atari (Nature CNN), data-parallel, with the emulator overlapped with the network (two env halves).
+"""PPO on Atari (Nature CNN), data-parallel, the emulator overlapped with the network (two env halves).
 
 Docs: docs/ppo_atari_async_multigpu.md. A variant of ppo_atari_multigpu.py: the same algorithm, flags, sizes,
 seeds and checkpoints, and the same rollout buffer, filled in another order. Launched the same ways:
@@ -42,9 +42,9 @@ class Args(rt.RunArgs):
 
     # Algorithm specific arguments
     env_id: str = "BreakoutNoFrameskip-v4"
-    """the Atari game: `BreakoutNoFrameskip-v4`, `ALE/Breakout-v5` or an ALE ROM name such as `breakout`"""
+    """the Atari game: `BreakoutNoFrameskip-v4`, `ALE/Breakout-v5` or a ROM name (`breakout`)"""
     repeat_action_probability: Optional[float] = None
-    """sticky actions; default 0.25 for `ALE/*-v5` ids (Machado et al., 2018), else 0.0 (the v4 protocol)"""
+    """sticky actions; default 0.25 for `ALE/*-v5` ids (Machado et al., 2018), else 0.0"""
     total_timesteps: int = 10000000
     """agent steps of the whole run, summed over all ranks (x4 for emulator frames)"""
     learning_rate: float = 2.5e-4
@@ -78,22 +78,21 @@ class Args(rt.RunArgs):
     target_kl: Optional[float] = None
     """stop the epochs early when the KL averaged across ranks exceeds this"""
     eval_episodes: int = 10
-    """whole games (all lives) per evaluation, one per env of rank 0's separate evaluation vector env"""
+    """whole games (all lives) per evaluation, in rank 0's separate evaluation envs"""
     eval_greedy: bool = False
-    """if toggled, evaluation takes the likeliest action; default samples (greedy can stall a game: no FIRE)"""
+    """if toggled, evaluation takes the likeliest action (which can stall a game: no FIRE)"""
     precision: Literal["fp32", "bf16"] = "fp32"
-    """`bf16`: the network under bfloat16 autocast (changes numerics); for GPUs and CPUs with AMX or AVX512-BF16"""
+    """`bf16`: the network under bfloat16 autocast (other numerics than fp32)"""
     channels_last: bool = True
     """store conv weights and activations channels-last (NHWC): faster convolutions, same math"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
-    """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
+    """how gradients are averaged: DDP, or one all-reduce of all gradients flattened"""
     cudagraphs: bool = True
-    """CUDA: the policy steps, GAE and each minibatch update replayed as CUDA graphs (the CPU runs them eagerly)"""
+    """on CUDA, replay the policy steps, GAE and each minibatch update as CUDA graphs"""
 
 
 def make_env(env_id: str, num_envs: int, num_threads: int = 1, repeat_action_probability: float = 0.0):
-    """ALE's C++ vector env with the DeepMind preprocessing. A life loss sets `terminated` but the game goes on;
-    rewards come unclipped (the loop logs whole-game scores, clips for learning). Autoreset is SameStep."""
+    """ALE's C++ vector env, DeepMind's preprocessing; a life loss sets `terminated`."""
     return AtariVectorEnv(
         atari.ale_game(env_id),
         num_envs,
@@ -141,7 +140,7 @@ class Agent(nn.Module):
         self.critic = layer_init(nn.Linear(512, 1), std=1)
 
     def hidden(self, x):
-        # uint8 frames in, scaled here in one pass, in the frames' memory format: the rollout buffer stays uint8
+        # uint8 frames in, scaled here in their memory format: the rollout buffer stays uint8
         channels_last = self.network[0].weight.is_contiguous(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
         return self.network(x * (1.0 / 255.0))
@@ -151,7 +150,7 @@ class Agent(nn.Module):
 
     def get_action_and_value(self, x, action=None):
         hidden = self.hidden(x)
-        # under bf16 autocast the layers run in bf16; the softmax, log-probs and losses in float32
+        # bf16 autocast: the layers in bf16; the softmax, log-probs and losses in float32
         logits = self.actor(hidden).float()
         probs = Categorical(logits=logits, validate_args=False)
         if action is None:
@@ -159,7 +158,7 @@ class Agent(nn.Module):
         return action, probs.log_prob(action), probs.entropy(), self.critic(hidden).float()
 
     def forward(self, x, action):
-        # the loss goes through `forward`, so that DDP averages its gradients; the rollout calls the unwrapped agent
+        # the loss goes through `forward`, so that DDP averages its gradients; the rollout skips DDP
         return self.get_action_and_value(x, action)
 
 
@@ -177,7 +176,7 @@ def load_agent(ckpt: dict, device) -> Agent:
     return agent
 
 
-# ALGO LOGIC: sizes, GAE, the loss and the gradient all-reduce (pure functions, imported by the tests)
+# ALGO LOGIC: sizes, GAE, the loss and the gradient all-reduce (imported by the tests)
 @dataclass(frozen=True)
 class Sizes(rt.Sizes):
     local_batch_size: int
@@ -220,8 +219,7 @@ def derive_sizes(args: Args, world_size: int) -> Sizes:
 
 
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
-    """GAE over a [num_steps, num_envs] rollout; returns (advantages, returns). `dones[t]` is 1 when
-    `obs[t]` starts a new episode (CleanRL's convention), `next_done` for the obs after the rollout."""
+    """GAE: (advantages, returns) of a [num_steps, num_envs] rollout, with CleanRL's `dones`."""
     num_steps = rewards.shape[0]
     advantages = torch.zeros_like(rewards)
     lastgaelam = 0
@@ -238,8 +236,8 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
 
 
 def normalize_advantages(adv: torch.Tensor, world_size: int) -> torch.Tensor:
-    """Normalise each row of `adv` [num_minibatches, local minibatch] with the mean and std of that
-    *global* minibatch (row k of every rank): one all-reduce of float64 sums for the whole epoch."""
+    """Normalise row k of `adv` [num_minibatches, local minibatch] with the mean and std of GLOBAL
+    minibatch k (row k of every rank): one all-reduce of float64 sums per epoch."""
     a = adv.double()
     count = torch.full(a.shape[:-1], a.shape[-1], dtype=a.dtype, device=a.device)  # no host copy
     stats = torch.stack([a.sum(-1), (a * a).sum(-1), count])
@@ -252,7 +250,7 @@ def normalize_advantages(adv: torch.Tensor, world_size: int) -> torch.Tensor:
 
 
 def ppo_loss(model, mb_advantages, mb_obs, mb_actions, mb_logprobs, mb_returns, mb_values, args: Args):
-    """The clipped PPO loss of one local minibatch, and its named stats (detached); `model` may be DDP-wrapped."""
+    """The clipped PPO loss of one local minibatch and its stats (detached); `model` may be DDP."""
     _, newlogprob, entropy, newvalue = model(mb_obs, mb_actions)
     logratio = newlogprob - mb_logprobs
     ratio = logratio.exp()
@@ -285,7 +283,7 @@ def ppo_loss(model, mb_advantages, mb_obs, mb_actions, mb_logprobs, mb_returns, 
 
 
 def all_reduce_gradients_flat(params, world_size: int) -> None:
-    """Average gradients over ranks: one all-reduce of a flat buffer, not DDP (entity-neural-network/incubator#220)."""
+    """Average gradients over ranks in one flat all-reduce (entity-neural-network/incubator#220)."""
     if world_size == 1:
         return
     grads = [p.grad for p in params]
@@ -310,18 +308,19 @@ def main() -> None:
     # CRUCIAL: the same start weights on every rank, but each rank's own (disjoint) env seeds and random stream
     rt.seed_everything(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
-    n, cols = args.local_num_envs, halves(args.local_num_envs)
-    # one vector env per half (ALE's own batch_size < num_envs mixes the halves); each half's C++ threads get
-    # the rank's share of its cores, as torch's threads do (they overlap)
-    half_sizes, sticky = [c.stop - c.start for c in cols], atari.sticky_action_probability(args)
+    n = args.local_num_envs
+    cols = halves(n)
+    # one vector env per half (ALE's batch_size < num_envs mixes them); threads as ppo_atari_multigpu's
+    half_sizes = [c.stop - c.start for c in cols]
+    sticky = atari.sticky_action_probability(args)
     envs = [make_env(args.env_id, k, min(torch.get_num_threads(), k), sticky) for k in half_sizes]
-    agent_kwargs = dict(n_actions=int(envs[0].single_action_space.n))  # saved for cleanrl_ddp/evaluate.py
+    agent_kwargs = dict(n_actions=int(envs[0].single_action_space.n))  # saved for evaluate.py
     memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
     agent = Agent(**agent_kwargs).to(device, memory_format=memory_format)
     if world_size > 1:
-        for tensor in agent.state_dict().values():  # the same start whichever --grad-sync is used
+        for tensor in agent.state_dict().values():  # the same start on either --grad-sync
             dist.broadcast(tensor, src=0)
-    # fused: one kernel for all parameters; the learning rate a tensor, which a captured step reads
+    # fused: one kernel for all parameters; the learning rate a tensor that a captured step reads
     optimizer = graphs.optimizer(optim.Adam, agent.parameters(), args.learning_rate, device, eps=1e-5, fused=True)
     rt.seed_everything(rt.rank_seed(args.seed, rank))
     if ckpt:
@@ -331,13 +330,14 @@ def main() -> None:
     model = DDP(agent) if world_size > 1 and args.grad_sync == "ddp" else agent
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.precision == "bf16" else nullcontext()
 
-    # ALE's envs cannot be saved: a resumed run seeds them past the seeds earlier attempts used
+    # ALE's envs cannot be saved: a resumed run seeds them past the seeds used before
     env_seed0 = args.seed + rank * n + (start_iteration - 1) * sizes.num_envs
-    resets = [envs[h].reset(seed=env_seed0 + c.start) for h, c in enumerate(cols)]  # env i: seed0 + i
+    # env i of the rank: seed env_seed0 + i
+    resets = [envs[h].reset(seed=env_seed0 + c.start) for h, c in enumerate(cols)]
     prev_lives = [info["lives"] for _, info in resets]
     episodes = rt.Episodes(n)  # whole games (all lives)
 
-    # ALGO Logic: Storage setup, allocated once, as in ppo_atari_multigpu.py; one staging buffer per half
+    # ALGO Logic: Storage setup, as in ppo_atari_multigpu.py; one staging buffer per half
     stack, height, width = envs[0].single_observation_space.shape
     obs = torch.zeros((args.num_steps, n, height, width, stack), dtype=torch.uint8, device=device)
     actions = torch.zeros((args.num_steps, n), dtype=torch.long, device=device)
@@ -347,17 +347,24 @@ def main() -> None:
     host_dones = torch.zeros((args.num_steps + 1, n), pin_memory=run.on_cuda)  # last row: next_done
     staging = [torch.zeros(frames.shape, dtype=torch.uint8, pin_memory=run.on_cuda) for frames, _ in resets]
     next_obs = [graphs.fill(s.to(device), frames, s) for s, (frames, _) in zip(staging, resets, strict=True)]
-    rewards, all_dones = host_rewards.to(device), host_dones.to(device)
-    rewards_np, dones_np, steps = host_rewards.numpy(), host_dones.numpy(), torch.arange(args.num_steps, device=device)
+    rewards = host_rewards.to(device)
+    all_dones = host_dones.to(device)
+    rewards_np = host_rewards.numpy()
+    dones_np = host_dones.numpy()
+    steps = torch.arange(args.num_steps, device=device)
     b_obs = obs.reshape(-1, height, width, stack).permute(0, 3, 1, 2)  # NCHW view
-    b_logprobs, b_actions, b_values = logprobs.reshape(-1), actions.reshape(-1), values.reshape(-1)
+    b_logprobs = logprobs.reshape(-1)
+    b_actions = actions.reshape(-1)
+    b_values = values.reshape(-1)
 
     def policy_step(step, h):
-        """Half `h`'s policy, written into rollout row `step` (a tensor: one graph serves every row)."""
+        """Half `h`'s policy, written into rollout row `step` (a tensor: one graph for all rows)."""
         # ALGO LOGIC: action logic (the unwrapped agent: inference must not go through DDP)
         with torch.no_grad(), autocast:
             action, logprob, _, value = agent.get_action_and_value(next_obs[h])
-        values[step, cols[h]], actions[step, cols[h]], logprobs[step, cols[h]] = value.flatten(), action, logprob
+        values[step, cols[h]] = value.flatten()
+        actions[step, cols[h]] = action
+        logprobs[step, cols[h]] = logprob
 
     def advantages_and_returns():
         with torch.no_grad():
@@ -367,7 +374,8 @@ def main() -> None:
             return compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
 
     def minibatch_backward(mb_inds, mb_advantages, b_returns):
-        minibatch = [b[mb_inds] for b in (b_obs, b_actions, b_logprobs, b_returns, b_values)]  # ppo_loss's order
+        # in ppo_loss's order
+        minibatch = [b[mb_inds] for b in (b_obs, b_actions, b_logprobs, b_returns, b_values)]
         with autocast:
             loss, mb_stats = ppo_loss(model, mb_advantages, *minibatch, args)
         optimizer.zero_grad(set_to_none=False)
@@ -379,7 +387,7 @@ def main() -> None:
         optimizer.step()
 
     # --cudagraphs: as in ppo_atari_multigpu.py, with one graph per half's policy step
-    capture = graphs.enabled(args, run)  # only CUDA captures
+    capture = graphs.enabled(args, run)  # on CUDA only: the CPU runs the same functions eagerly
     flat = world_size > 1 and args.grad_sync == "flat"
     policy_steps = [graphs.graphed(partial(policy_step, h=h), capture) for h in (0, 1)]
     advantages_and_returns = graphs.graphed(advantages_and_returns, capture)
@@ -395,8 +403,10 @@ def main() -> None:
         clip_and_step()
         return mb_stats
 
-    update = graphs.graphed(update, capture and world_size == 1)  # at world size 1 the whole update is one graph
-    num_iterations, preempted = sizes.num_iterations, False
+    # at world size 1 the whole update is one graph
+    update = graphs.graphed(update, capture and world_size == 1)
+    num_iterations = sizes.num_iterations
+    preempted = False
     rt.open_run(run, sizes, ckpt)
 
     for iteration in range(start_iteration, num_iterations + 1):
@@ -405,8 +415,8 @@ def main() -> None:
         graphs.set_lr(optimizer, lr)
 
         dones_np[0] = dones_np[-1]
-        # Half-steps: half h takes step `step` at half-step 2 * step + h, and its results are taken in one
-        # half-step later, so the policy picks one half's actions while the emulator steps the other half.
+        # half h takes step `step` at half-step 2 * step + h and is taken in one half-step later:
+        # the policy picks one half's actions while the emulator steps the other half
         for i in range(2 * args.num_steps + 1):
             h, step = i % 2, i // 2
             if step < args.num_steps:
@@ -416,11 +426,11 @@ def main() -> None:
                 # returns at once; the half steps in the emulator's threads
                 envs[h].send(actions[step, cols[h]].cpu().numpy())
 
-            if i > 0:  # take in the half sent one half-step ago: it stepped while these actions were picked
+            if i > 0:  # take in the half sent one half-step ago
                 h, step = (i - 1) % 2, (i - 1) // 2
                 # TRY NOT TO MODIFY: execute the game and log data.
                 frames, reward, terminations, truncations, info = envs[h].recv()
-                # a life loss ends the episode for learning (DeepMind's protocol); only a game over ends the logged one
+                # a life loss ends the episode for learning; only a game over ends the logged one
                 dones_np[step + 1, cols[h]] = terminations | truncations
                 rewards_np[step, cols[h]] = atari.clip_reward(reward)
                 over = atari.game_over(terminations, truncations, info["lives"], prev_lives[h])
@@ -432,10 +442,12 @@ def main() -> None:
         all_dones.copy_(host_dones, non_blocking=True)
         update_start = time.perf_counter()
         advantages, returns = advantages_and_returns()
-        b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
+        b_advantages = advantages.reshape(-1)
+        b_returns = returns.reshape(-1)
 
-        # Optimizing the policy and value network (the same minibatches, so the same all-reduces, on every rank)
-        loss_sums, num_updates = {}, 0
+        # Optimizing the policy and value network (the same all-reduces on every rank)
+        loss_sums = {}
+        num_updates = 0
         for _epoch in range(args.update_epochs):
             b_inds = torch.randperm(sizes.local_batch_size, device=device).view(-1, sizes.local_minibatch_size)
             # CRUCIAL: minibatch k (row k) is normalised with the statistics of global minibatch k
@@ -456,7 +468,7 @@ def main() -> None:
                     break
         update_seconds = time.perf_counter() - update_start
 
-        # metrics of ALL ranks, by name in one all-reduce (explained variance from the global batch's sums)
+        # metrics of ALL ranks, by name in one all-reduce (explained variance from global sums)
         y, d = b_returns, b_returns - b_values
         m = rt.all_sum(
             run,
@@ -488,7 +500,7 @@ def main() -> None:
         last = iteration == num_iterations or preempted or reached
         if last or rt.steps_crossed(prev_step, global_step, args.checkpoint_every):
             state = dict(agent=agent.state_dict(), agent_kwargs=agent_kwargs, optimizer=optimizer.state_dict())
-            rt.save_checkpoint(run, iteration, global_step, None, **state)  # no rank_state: no env state
+            rt.save_checkpoint(run, iteration, global_step, None, **state)  # no env state
         if preempted or reached:
             break
 

@@ -45,9 +45,9 @@ class Args(rt.RunArgs):
 
     # Algorithm specific arguments
     env_id: str = "BreakoutNoFrameskip-v4"
-    """the Atari game: `BreakoutNoFrameskip-v4`, `ALE/Breakout-v5` or an ALE ROM name such as `breakout`"""
+    """the Atari game: `BreakoutNoFrameskip-v4`, `ALE/Breakout-v5` or a ROM name (`breakout`)"""
     repeat_action_probability: Optional[float] = None
-    """sticky actions; default 0.25 for `ALE/*-v5` ids (Machado et al., 2018), else 0.0 (the v4 protocol)"""
+    """sticky actions; default 0.25 for `ALE/*-v5` ids (Machado et al., 2018), else 0.0"""
     total_timesteps: int = 10000000
     """agent steps of the whole run, summed over all ranks (x4 for emulator frames)"""
     learning_rate: float = 2.5e-4
@@ -81,24 +81,23 @@ class Args(rt.RunArgs):
     target_kl: Optional[float] = None
     """stop the epochs early when the KL averaged across ranks exceeds this"""
     eval_episodes: int = 10
-    """whole games (all lives) per evaluation, one per env of rank 0's separate evaluation vector env"""
+    """whole games (all lives) per evaluation, in rank 0's separate evaluation envs"""
     eval_greedy: bool = False
-    """if toggled, evaluation takes the likeliest action; default samples (greedy can stall a game: no FIRE)"""
+    """if toggled, evaluation takes the likeliest action (which can stall a game: no FIRE)"""
     precision: Literal["fp32", "bf16"] = "fp32"
-    """`bf16`: the network under bfloat16 autocast (changes numerics); for GPUs and CPUs with AMX or AVX512-BF16"""
+    """`bf16`: the network under bfloat16 autocast (other numerics than fp32)"""
     channels_last: bool = True
     """store conv weights and activations channels-last (NHWC): faster convolutions, same math"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
-    """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
+    """how gradients are averaged: DDP, or one all-reduce of all gradients flattened"""
     compile: bool = False
-    """`torch.compile` the loss and its backward: ~14 s more at start; 1.05-1.09x eager on an H200 (docs/gpu.md)"""
+    """`torch.compile` the loss and its backward (docs/gpu.md)"""
     cudagraphs: bool = True
-    """CUDA: the policy step, GAE and each minibatch update replayed as CUDA graphs (the CPU runs them eagerly)"""
+    """on CUDA, replay the policy step, GAE and each minibatch update as CUDA graphs"""
 
 
 def make_env(env_id: str, num_envs: int, num_threads: int = 1, repeat_action_probability: float = 0.0):
-    """ALE's C++ vector env with the DeepMind preprocessing. A life loss sets `terminated` but the game goes on;
-    rewards come unclipped (the loop logs whole-game scores, clips for learning). Autoreset is SameStep."""
+    """ALE's C++ vector env, DeepMind's preprocessing; a life loss sets `terminated`."""
     return AtariVectorEnv(
         atari.ale_game(env_id),
         num_envs,
@@ -146,7 +145,7 @@ class Agent(nn.Module):
         self.critic = layer_init(nn.Linear(512, 1), std=1)
 
     def hidden(self, x):
-        # uint8 frames in, scaled here in one pass, in the frames' memory format: the rollout buffer stays uint8
+        # uint8 frames in, scaled here in their memory format: the rollout buffer stays uint8
         channels_last = self.network[0].weight.is_contiguous(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
         return self.network(x * (1.0 / 255.0))
@@ -156,7 +155,7 @@ class Agent(nn.Module):
 
     def get_action_and_value(self, x, action=None):
         hidden = self.hidden(x)
-        # under bf16 autocast the layers run in bf16; the softmax, log-probs and losses in float32
+        # bf16 autocast: the layers in bf16; the softmax, log-probs and losses in float32
         logits = self.actor(hidden).float()
         probs = Categorical(logits=logits, validate_args=False)
         if action is None:
@@ -164,7 +163,7 @@ class Agent(nn.Module):
         return action, probs.log_prob(action), probs.entropy(), self.critic(hidden).float()
 
     def forward(self, x, action):
-        # the loss goes through `forward`, so that DDP averages its gradients; the rollout calls the unwrapped agent
+        # the loss goes through `forward`, so that DDP averages its gradients; the rollout skips DDP
         return self.get_action_and_value(x, action)
 
 
@@ -182,7 +181,7 @@ def load_agent(ckpt: dict, device) -> Agent:
     return agent
 
 
-# ALGO LOGIC: sizes, GAE, the loss and the gradient all-reduce (pure functions, imported by the tests)
+# ALGO LOGIC: sizes, GAE, the loss and the gradient all-reduce (imported by the tests)
 @dataclass(frozen=True)
 class Sizes(rt.Sizes):
     local_batch_size: int
@@ -218,8 +217,7 @@ def derive_sizes(args: Args, world_size: int) -> Sizes:
 
 
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
-    """GAE over a [num_steps, num_envs] rollout; returns (advantages, returns). `dones[t]` is 1 when
-    `obs[t]` starts a new episode (CleanRL's convention), `next_done` for the obs after the rollout."""
+    """GAE: (advantages, returns) of a [num_steps, num_envs] rollout, with CleanRL's `dones`."""
     num_steps = rewards.shape[0]
     advantages = torch.zeros_like(rewards)
     lastgaelam = 0
@@ -236,8 +234,8 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
 
 
 def normalize_advantages(adv: torch.Tensor, world_size: int) -> torch.Tensor:
-    """Normalise each row of `adv` [num_minibatches, local minibatch] with the mean and std of that
-    *global* minibatch (row k of every rank): one all-reduce of float64 sums for the whole epoch."""
+    """Normalise row k of `adv` [num_minibatches, local minibatch] with the mean and std of GLOBAL
+    minibatch k (row k of every rank): one all-reduce of float64 sums per epoch."""
     a = adv.double()
     count = torch.full(a.shape[:-1], a.shape[-1], dtype=a.dtype, device=a.device)  # no host copy
     stats = torch.stack([a.sum(-1), (a * a).sum(-1), count])
@@ -250,7 +248,7 @@ def normalize_advantages(adv: torch.Tensor, world_size: int) -> torch.Tensor:
 
 
 def ppo_loss(model, mb_advantages, mb_obs, mb_actions, mb_logprobs, mb_returns, mb_values, args: Args):
-    """The clipped PPO loss of one local minibatch, and its named stats (detached); `model` may be DDP-wrapped."""
+    """The clipped PPO loss of one local minibatch and its stats (detached); `model` may be DDP."""
     _, newlogprob, entropy, newvalue = model(mb_obs, mb_actions)
     logratio = newlogprob - mb_logprobs
     ratio = logratio.exp()
@@ -283,7 +281,7 @@ def ppo_loss(model, mb_advantages, mb_obs, mb_actions, mb_logprobs, mb_returns, 
 
 
 def all_reduce_gradients_flat(params, world_size: int) -> None:
-    """Average gradients over ranks: one all-reduce of a flat buffer, not DDP (entity-neural-network/incubator#220)."""
+    """Average gradients over ranks in one flat all-reduce (entity-neural-network/incubator#220)."""
     if world_size == 1:
         return
     grads = [p.grad for p in params]
@@ -309,39 +307,39 @@ def main() -> None:
     rt.seed_everything(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     n = args.local_num_envs
-    # the env's C++ threads get the rank's share of its cores, as torch's threads do (they alternate)
+    # env threads: the rank's share of its cores, as torch's (rollout and update alternate)
     envs = make_env(args.env_id, n, min(torch.get_num_threads(), n), atari.sticky_action_probability(args))
-    agent_kwargs = dict(n_actions=int(envs.single_action_space.n))  # saved for cleanrl_ddp/evaluate.py
+    agent_kwargs = dict(n_actions=int(envs.single_action_space.n))  # saved for evaluate.py
     memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
     agent = Agent(**agent_kwargs).to(device, memory_format=memory_format)
     if world_size > 1:
-        for tensor in agent.state_dict().values():  # the same start whichever --grad-sync is used
+        for tensor in agent.state_dict().values():  # the same start on either --grad-sync
             dist.broadcast(tensor, src=0)
-    # fused: one kernel for all parameters; the learning rate a tensor, which a captured step reads
+    # fused: one kernel for all parameters; the learning rate a tensor that a captured step reads
     optimizer = graphs.optimizer(optim.Adam, agent.parameters(), args.learning_rate, device, eps=1e-5, fused=True)
     rt.seed_everything(rt.rank_seed(args.seed, rank))
     if ckpt:
         agent.load_state_dict(ckpt["agent"])
         optimizer.load_state_dict(ckpt["optimizer"])
         rt.resume_rng(run, ckpt, args.seed)
-    # gradients allocated once, in the parameters' memory format (DDP's buckets expect it), outside graph memory
+    # gradients allocated once, outside graph memory, in their parameters' memory format (for DDP)
     for p in agent.parameters():
         p.grad = torch.zeros_like(p)
     model = DDP(agent) if world_size > 1 and args.grad_sync == "ddp" else agent
-    capture = graphs.enabled(args, run)  # --cudagraphs on CUDA: on the CPU the same functions run eagerly
-    # --compile: ppo_loss and (AOTAutograd) its backward; the all-reduce stays eager
-    mode = "reduce-overhead" if run.on_cuda and not capture else None  # --cudagraphs captures it itself
-    loss_fn = torch.compile(ppo_loss, mode=mode) if args.compile else ppo_loss
+    capture = graphs.enabled(args, run)  # on CUDA only: the CPU runs the same functions eagerly
+    # --compile: ppo_loss and its backward; with --cudagraphs the update's graph holds them
+    compile_mode = "reduce-overhead" if run.on_cuda and not capture else None
+    loss_fn = torch.compile(ppo_loss, mode=compile_mode) if args.compile else ppo_loss
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.precision == "bf16" else nullcontext()
 
-    # ALE's envs cannot be saved: a resumed run seeds them past the seeds earlier attempts used
+    # ALE's envs cannot be saved: a resumed run seeds them past the seeds used before
     env_seed0 = args.seed + rank * n + (start_iteration - 1) * sizes.num_envs
     frames, info = envs.reset(seed=env_seed0)
     prev_lives = info["lives"]
     episodes = rt.Episodes(n)  # whole games (all lives)
 
-    # ALGO Logic: Storage setup, allocated once (the addresses a CUDA graph replays). Frames stay uint8, stored NHWC
-    # so that a minibatch is channels-last; `next_obs` stays NCHW. Rewards and dones cross per rollout.
+    # ALGO Logic: Storage setup, allocated once (a CUDA graph replays the addresses); uint8 frames,
+    # stored NHWC so that a minibatch is channels-last
     stack, height, width = envs.single_observation_space.shape
     obs = torch.zeros((args.num_steps, n, height, width, stack), dtype=torch.uint8, device=device)
     actions = torch.zeros((args.num_steps, n), dtype=torch.long, device=device)
@@ -350,18 +348,26 @@ def main() -> None:
     host_rewards = torch.zeros((args.num_steps, n), pin_memory=run.on_cuda)
     host_dones = torch.zeros((args.num_steps + 1, n), pin_memory=run.on_cuda)  # last row: next_done
     staging = torch.zeros(frames.shape, dtype=torch.uint8, pin_memory=run.on_cuda)
-    next_obs, rewards, all_dones = staging.to(device), host_rewards.to(device), host_dones.to(device)
+    next_obs = staging.to(device)
+    rewards = host_rewards.to(device)
+    all_dones = host_dones.to(device)
     graphs.fill(next_obs, frames, staging)
-    rewards_np, dones_np, steps = host_rewards.numpy(), host_dones.numpy(), torch.arange(args.num_steps, device=device)
-    b_obs = obs.reshape(-1, height, width, stack).permute(0, 3, 1, 2)  # NCHW view, channels-last strides
-    b_logprobs, b_actions, b_values = logprobs.reshape(-1), actions.reshape(-1), values.reshape(-1)
+    rewards_np = host_rewards.numpy()
+    dones_np = host_dones.numpy()
+    steps = torch.arange(args.num_steps, device=device)
+    b_obs = obs.reshape(-1, height, width, stack).permute(0, 3, 1, 2)  # NCHW view, NHWC strides
+    b_logprobs = logprobs.reshape(-1)
+    b_actions = actions.reshape(-1)
+    b_values = values.reshape(-1)
 
     def policy_step(step):
-        """The policy on `next_obs`, written into rollout row `step` (a tensor: one graph serves every row)."""
+        """The policy on `next_obs`, written into rollout row `step` (a tensor: one graph for all rows)."""
         # ALGO LOGIC: action logic (the unwrapped agent: inference must not go through DDP)
         with torch.no_grad(), autocast:
             action, logprob, _, value = agent.get_action_and_value(next_obs)
-        values[step], actions[step], logprobs[step] = value.flatten(), action, logprob
+        values[step] = value.flatten()
+        actions[step] = action
+        logprobs[step] = logprob
 
     def advantages_and_returns():
         with torch.no_grad():
@@ -371,17 +377,10 @@ def main() -> None:
             return compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
 
     def minibatch_backward(mb_inds, mb_advantages, b_returns):
+        # in ppo_loss's order
+        minibatch = [b[mb_inds] for b in (b_obs, b_actions, b_logprobs, b_returns, b_values)]
         with autocast:
-            loss, mb_stats = loss_fn(
-                model,
-                mb_advantages,
-                mb_obs=b_obs[mb_inds],
-                mb_actions=b_actions[mb_inds],
-                mb_logprobs=b_logprobs[mb_inds],
-                mb_returns=b_returns[mb_inds],
-                mb_values=b_values[mb_inds],
-                args=args,
-            )
+            loss, mb_stats = loss_fn(model, mb_advantages, *minibatch, args)
         optimizer.zero_grad(set_to_none=False)
         loss.backward()
         return mb_stats
@@ -390,8 +389,8 @@ def main() -> None:
         nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
         optimizer.step()
 
-    # --cudagraphs: each one CUDA graph replay. No collective runs inside a graph: across ranks the backward (eager
-    # under DDP, which all-reduces inside it) and the step are graphed apart, around the flat all-reduce
+    # --cudagraphs: no collective inside a graph, so across ranks the backward (eager under DDP,
+    # which all-reduces in it) and the step are graphed apart, around the flat all-reduce
     flat = world_size > 1 and args.grad_sync == "flat"
     policy_step = graphs.graphed(policy_step, capture)
     advantages_and_returns = graphs.graphed(advantages_and_returns, capture)
@@ -407,8 +406,10 @@ def main() -> None:
         clip_and_step()
         return mb_stats
 
-    update = graphs.graphed(update, capture and world_size == 1)  # at world size 1 the whole update is one graph
-    num_iterations, preempted = sizes.num_iterations, False
+    # at world size 1 the whole update is one graph
+    update = graphs.graphed(update, capture and world_size == 1)
+    num_iterations = sizes.num_iterations
+    preempted = False
     rt.open_run(run, sizes, ckpt)
 
     for iteration in range(start_iteration, num_iterations + 1):
@@ -419,12 +420,13 @@ def main() -> None:
         dones_np[0] = dones_np[-1]
         for step in range(args.num_steps):
             global_step += sizes.num_envs  # global: all ranks step at once
-            obs[step] = next_obs.permute(0, 2, 3, 1)  # outside the graph: a tensor index is slow on the CPU
+            # at an integer row, outside the graph: a tensor index is slow on the CPU
+            obs[step] = next_obs.permute(0, 2, 3, 1)
             policy_step(steps[step : step + 1])
 
             # TRY NOT TO MODIFY: execute the game and log data.
             frames, reward, terminations, truncations, info = envs.step(actions[step].cpu().numpy())
-            # a life loss ends the episode for learning (DeepMind's protocol); only a game over ends the logged one
+            # a life loss ends the episode for learning; only a game over ends the logged one
             dones_np[step + 1] = terminations | truncations
             rewards_np[step] = atari.clip_reward(reward)
             episodes.step(reward, atari.game_over(terminations, truncations, info["lives"], prev_lives))
@@ -435,10 +437,12 @@ def main() -> None:
         all_dones.copy_(host_dones, non_blocking=True)
         update_start = time.perf_counter()
         advantages, returns = advantages_and_returns()
-        b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
+        b_advantages = advantages.reshape(-1)
+        b_returns = returns.reshape(-1)
 
-        # Optimizing the policy and value network (the same minibatches, so the same all-reduces, on every rank)
-        loss_sums, num_updates = {}, 0
+        # Optimizing the policy and value network (the same all-reduces on every rank)
+        loss_sums = {}
+        num_updates = 0
         for _epoch in range(args.update_epochs):
             b_inds = torch.randperm(sizes.local_batch_size, device=device).view(-1, sizes.local_minibatch_size)
             # CRUCIAL: minibatch k (row k) is normalised with the statistics of global minibatch k
@@ -459,7 +463,7 @@ def main() -> None:
                     break
         update_seconds = time.perf_counter() - update_start
 
-        # metrics of ALL ranks, by name in one all-reduce (explained variance from the global batch's sums)
+        # metrics of ALL ranks, by name in one all-reduce (explained variance from global sums)
         y, d = b_returns, b_returns - b_values
         m = rt.all_sum(
             run,
@@ -491,7 +495,7 @@ def main() -> None:
         last = iteration == num_iterations or preempted or reached
         if last or rt.steps_crossed(prev_step, global_step, args.checkpoint_every):
             state = dict(agent=agent.state_dict(), agent_kwargs=agent_kwargs, optimizer=optimizer.state_dict())
-            rt.save_checkpoint(run, iteration, global_step, None, **state)  # no rank_state: no env state
+            rt.save_checkpoint(run, iteration, global_step, None, **state)  # no env state
         if preempted or reached:
             break
 

@@ -1,10 +1,8 @@
 """PPO for continuous actions (MuJoCo), data-parallel with torch.distributed.
 
-Docs: docs/ppo_continuous_action_multigpu.md. Needs MuJoCo: `pip install -e ".[mujoco]"`. Launch it as
-`python cleanrl_ddp/ppo_continuous_action_multigpu.py` (1 process), `torchrun --standalone --nproc_per_node=2
-cleanrl_ddp/ppo_continuous_action_multigpu.py` (2 processes), or on several nodes or under SLURM as in
-cleanrl_ddp/ppo_multigpu.py. Every rank steps its own envs; gradients are averaged across ranks each minibatch.
-The normalisation statistics are merged across ranks once per iteration (`RunningStats`): all ranks normalise alike.
+Docs: docs/ppo_continuous_action_multigpu.md. Needs MuJoCo: `pip install -e ".[mujoco]"`. Launched as
+cleanrl_ddp/ppo_multigpu.py is. Gradients are averaged across ranks each minibatch; the normalisation
+statistics are merged across ranks once per iteration, so that every rank normalises alike.
 """
 
 import os
@@ -37,7 +35,7 @@ class Args(rt.RunArgs):
 
     # Algorithm specific arguments
     env_id: str = "HalfCheetah-v5"
-    """the id of a gymnasium environment with a continuous (Box) action space"""
+    """the id of a gymnasium environment with a Box action space"""
     total_timesteps: int = 1000000
     """env steps of the whole run, summed over all ranks"""
     learning_rate: float = 3e-4
@@ -71,7 +69,7 @@ class Args(rt.RunArgs):
     target_kl: Optional[float] = None
     """stop the epochs early when the KL averaged across ranks exceeds this"""
     norm_obs: bool = True
-    """toggle observation normalisation (running statistics merged over all ranks)"""
+    """toggle observation normalisation (statistics merged over all ranks)"""
     norm_reward: bool = True
     """toggle reward scaling by the std of the discounted return (merged over all ranks)"""
     clip_obs: float = 10.0
@@ -79,16 +77,15 @@ class Args(rt.RunArgs):
     clip_reward: float = 10.0
     """scaled rewards are clipped to [-clip_reward, clip_reward]"""
     eval_greedy: bool = True
-    """if toggled, evaluation acts with the Gaussian's mean; --no-eval-greedy samples from the policy"""
+    """if toggled, evaluation acts with the Gaussian's mean; --no-eval-greedy samples"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
-    """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
+    """how gradients are averaged: DDP, or one all-reduce of all gradients flattened"""
     cudagraphs: bool = True
-    """CUDA: the policy step, GAE and each minibatch update replayed as CUDA graphs (the CPU runs them eagerly)"""
+    """on CUDA, replay the policy step, GAE and each minibatch update as CUDA graphs"""
 
 
 def make_env(env_id: str, render_mode: Optional[str] = None):
-    # only the env: the loop normalises with the statistics of all ranks (`RunningStats`)
-    def thunk():
+    def thunk():  # no normalisation wrappers: the loop normalises (`RunningStats`)
         return gym.make(env_id, render_mode=render_mode)
 
     return thunk
@@ -127,17 +124,17 @@ class Agent(nn.Module):
         action_std = self.actor_logstd.expand_as(action_mean).exp()
         # validation reads values: a wait on a GPU
         probs = Normal(action_mean, action_std, validate_args=False)
-        if action is None:  # rsample: the same draw without sample()'s host check of the scale
+        if action is None:  # rsample: sample()'s draw without its host check
             action = probs.rsample()
         return action, probs.log_prob(action).sum(1), probs.entropy().sum(1), self.critic(x)
 
     def forward(self, x, action):
-        # the loss goes through `forward`, so that DDP averages its gradients; the rollout calls the unwrapped agent
+        # the loss goes through `forward`, so that DDP averages its gradients; the rollout skips DDP
         return self.get_action_and_value(x, action)
 
 
 def eval_action(agent: tuple, obs, greedy: bool, generator, args: Args):
-    """Evaluation's actions (cleanrl_ddp/evals.py) of (Agent, its frozen obs statistics): the mean, or sampled."""
+    """Evaluation's actions (cleanrl_ddp/evals.py): the mean, or sampled."""
     agent, obs_stats = agent
     action = agent.actor_mean(network_input(obs, obs_stats, args))
     if greedy:
@@ -147,7 +144,6 @@ def eval_action(agent: tuple, obs, greedy: bool, generator, args: Args):
 
 
 def load_agent(ckpt: dict, device) -> tuple:
-    """What `eval_action` takes: the pair (agent, the observation statistics it was trained with)."""
     agent = Agent(**ckpt["agent_kwargs"]).to(device)
     agent.load_state_dict(ckpt["agent"])
     obs_stats = RunningStats(ckpt["obs_stats"]["mean"].shape, device)
@@ -155,7 +151,7 @@ def load_agent(ckpt: dict, device) -> tuple:
     return agent, obs_stats
 
 
-# ALGO LOGIC: sizes, GAE, the loss, the gradient all-reduce and the normalisation (imported by the tests)
+# ALGO LOGIC: sizes, GAE, the loss, the all-reduce, the normalisation (imported by the tests)
 @dataclass(frozen=True)
 class Sizes(rt.Sizes):
     local_batch_size: int
@@ -191,8 +187,7 @@ def derive_sizes(args: Args, world_size: int) -> Sizes:
 
 
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
-    """GAE over a [num_steps, num_envs] rollout; returns (advantages, returns). `dones[t]` is 1 when
-    `obs[t]` starts a new episode (CleanRL's convention), `next_done` for the obs after the rollout."""
+    """GAE: (advantages, returns) of a [num_steps, num_envs] rollout, with CleanRL's `dones`."""
     num_steps = rewards.shape[0]
     advantages = torch.zeros_like(rewards)
     lastgaelam = 0
@@ -209,8 +204,8 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
 
 
 def normalize_advantages(adv: torch.Tensor, world_size: int) -> torch.Tensor:
-    """Normalise each row of `adv` [num_minibatches, local minibatch] with the mean and std of that
-    *global* minibatch (row k of every rank): one all-reduce of float64 sums for the whole epoch."""
+    """Normalise row k of `adv` [num_minibatches, local minibatch] with the mean and std of GLOBAL
+    minibatch k (row k of every rank): one all-reduce of float64 sums per epoch."""
     a = adv.double()
     count = torch.full(a.shape[:-1], a.shape[-1], dtype=a.dtype, device=a.device)  # no host copy
     stats = torch.stack([a.sum(-1), (a * a).sum(-1), count])
@@ -223,7 +218,7 @@ def normalize_advantages(adv: torch.Tensor, world_size: int) -> torch.Tensor:
 
 
 def ppo_loss(model, mb_advantages, mb_obs, mb_actions, mb_logprobs, mb_returns, mb_values, args: Args):
-    """The clipped PPO loss of one local minibatch, and its named stats (detached); `model` may be DDP-wrapped."""
+    """The clipped PPO loss of one local minibatch and its stats (detached); `model` may be DDP."""
     _, newlogprob, entropy, newvalue = model(mb_obs, mb_actions)
     logratio = newlogprob - mb_logprobs
     ratio = logratio.exp()
@@ -256,7 +251,7 @@ def ppo_loss(model, mb_advantages, mb_obs, mb_actions, mb_logprobs, mb_returns, 
 
 
 def all_reduce_gradients_flat(params, world_size: int) -> None:
-    """Average gradients over ranks: one all-reduce of a flat buffer, not DDP (entity-neural-network/incubator#220)."""
+    """Average gradients over ranks in one flat all-reduce (entity-neural-network/incubator#220)."""
     if world_size == 1:
         return
     grads = [p.grad for p in params]
@@ -269,10 +264,9 @@ def all_reduce_gradients_flat(params, world_size: int) -> None:
         offset += g.numel()
 
 
-# Observation and reward normalisation, with statistics merged over all ranks
 class RunningStats:
-    """Count, mean and M2 (sum of squared deviations) per feature, float64, equal on all ranks: `update` merges
-    the samples of ALL ranks (gymnasium's NormalizeObservation/NormalizeReward would scale each rank its own way)."""
+    """Count, mean and M2 (sum of squared deviations) per feature, float64; `update` merges the
+    samples of ALL ranks, so that every rank normalises alike."""
 
     def __init__(self, shape=(), device=None):
         self.shape = tuple(shape)
@@ -283,20 +277,19 @@ class RunningStats:
     @property
     def var(self) -> torch.Tensor:
         """The population variance (gymnasium's convention); 1 before any sample."""
-        return torch.where(self.count == 0, torch.ones_like(self.m2), self.m2 / self.count)  # no `if` on a device value
+        return torch.where(self.count == 0, torch.ones_like(self.m2), self.m2 / self.count)
 
     def update(self, x: torch.Tensor, world_size: int = 1) -> None:
-        """Merge the samples `x` [N, *shape] of every rank (call it at the same point on every rank): one
-        all-reduce of (count, sum(x - c), sum((x - c)^2)), c the current mean; then Chan et al.'s (1979) formula."""
+        """Merge the samples `x` [N, *shape] of every rank: one all-reduce, then Chan et al. (1979)."""
         d = x.to(device=self.mean.device, dtype=torch.float64).reshape((-1,) + self.shape) - self.mean
-        n_local = d.new_full((1,), d.shape[0])  # filled on the device: no host copy
+        n_local = d.new_full((1,), d.shape[0])  # no host copy
         sums = torch.cat([n_local, d.sum(0).reshape(-1), (d * d).sum(0).reshape(-1)])
         if world_size > 1:
             dist.all_reduce(sums)
         n = sums[0]
         s1, s2 = sums[1:].view(2, *self.shape).unbind(0)
-        # no `if n == 0` (a wait on a GPU): with no samples the clamps make the merge a no-op
-        delta = s1 / n.clamp_min(1)  # the batch mean minus the current mean
+        # no `if n == 0` (a wait on a GPU): with no samples the clamps make this a no-op
+        delta = s1 / n.clamp_min(1)
         batch_m2 = s2 - s1 * s1 / n.clamp_min(1)
         total = self.count + n
         # in place: a CUDA graph reads the statistics where they were at its capture
@@ -322,7 +315,7 @@ def normalize_obs(raw_obs, obs_stats: RunningStats, clip: float) -> torch.Tensor
 
 
 def network_input(raw_obs, obs_stats: RunningStats, args: Args) -> torch.Tensor:
-    """What the network sees: the observations, normalised with --norm-obs."""
+    """The observations as the network sees them (normalised with --norm-obs)."""
     if args.norm_obs:
         return normalize_obs(raw_obs, obs_stats, args.clip_obs)
     return torch.as_tensor(raw_obs, dtype=torch.float32, device=obs_stats.mean.device)
@@ -356,16 +349,16 @@ def main() -> None:
         [make_env(args.env_id) for _ in range(args.local_num_envs)],
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
-    obs_shape, action_shape = envs.single_observation_space.shape, envs.single_action_space.shape
+    obs_shape = envs.single_observation_space.shape
+    action_shape = envs.single_action_space.shape
     agent_kwargs = dict(obs_dim=int(np.prod(obs_shape)), action_dim=int(np.prod(action_shape)))
     agent = Agent(**agent_kwargs).to(device)
     if world_size > 1:
-        for tensor in agent.state_dict().values():  # the same start whichever --grad-sync is used
+        for tensor in agent.state_dict().values():  # the same start on either --grad-sync
             dist.broadcast(tensor, src=0)
-    # fused: one kernel for all parameters; the learning rate a tensor, which a captured step reads
+    # fused: one kernel for all parameters; the learning rate a tensor that a captured step reads
     optimizer = graphs.optimizer(optim.Adam, agent.parameters(), args.learning_rate, device, eps=1e-5, fused=True)
     rt.seed_everything(rt.rank_seed(args.seed, rank))
-    # the normalisation statistics: equal on every rank (they change only in RunningStats.update)
     obs_stats, return_stats = RunningStats(obs_shape, device), RunningStats((), device)
     if ckpt:
         agent.load_state_dict(ckpt["agent"])
@@ -373,52 +366,59 @@ def main() -> None:
         obs_stats.load_state_dict(ckpt["obs_stats"])
         return_stats.load_state_dict(ckpt["return_stats"])
         rt.resume_rng(run, ckpt, args.seed)
-    for p in agent.parameters():  # gradients allocated once: backward accumulates into them (CUDA graphs)
+    # gradients allocated once, outside graph memory: backward adds to them
+    for p in agent.parameters():
         p.grad = torch.zeros_like(p)
     model = DDP(agent) if world_size > 1 and args.grad_sync == "ddp" else agent
 
-    n, env_seed0 = args.local_num_envs, args.seed + rank * args.local_num_envs
+    n = args.local_num_envs
+    env_seed0 = args.seed + rank * n
     next_raw_obs, _ = envs.reset(seed=env_seed0)
     episodes = rt.Episodes(n)
-    discounted_return = np.zeros(n)  # per env, for reward scaling (not the episodic return)
+    discounted_return = np.zeros(n)  # per env, for reward scaling
     next_done = np.zeros(n)
-    if ckpt:  # every env continues exactly where it was, whichever rank steps it now
+    if ckpt:  # every env continues where it was, whichever rank steps it now
         share = env_state.split_for_rank(run, ckpt)
         if env_state.restore(run, envs.envs, share[0] if share else None):
             next_raw_obs, next_done, episodes.returns, episodes.lengths, discounted_return = (
                 x.numpy() for x in share[1:]
             )
-        else:  # an env family with no state function: new episodes, from seeds no earlier attempt used
+        else:  # an env without a state function: new episodes, from unused seeds
             next_raw_obs, _ = envs.reset(seed=env_seed0 + (start_iteration - 1) * sizes.num_envs)
 
-    # ALGO Logic: Storage setup, allocated once: a CUDA graph replays the addresses; rewards and dones cross per rollout
+    # ALGO Logic: Storage setup, allocated once (a CUDA graph replays the addresses)
     obs = torch.zeros((args.num_steps, n) + obs_shape, device=device)  # normalised, as acted on
     actions = torch.zeros((args.num_steps, n) + action_shape, device=device)
     logprobs = torch.zeros((args.num_steps, n), device=device)
     values = torch.zeros((args.num_steps, n), device=device)
-    # this rank's raw samples of the iteration, merged into the global statistics after the rollout
     raw_obs = torch.zeros((args.num_steps, n) + obs_shape, dtype=torch.float64, device=device)
     host_returns = torch.zeros((args.num_steps, n), dtype=torch.float64, pin_memory=run.on_cuda)
     host_rewards = torch.zeros((args.num_steps, n), dtype=torch.float64, pin_memory=run.on_cuda)
     host_dones = torch.zeros((args.num_steps + 1, n), pin_memory=run.on_cuda)  # last row: next_done
     host_dones[-1] = torch.from_numpy(next_done)
     staging = torch.zeros((n,) + obs_shape, dtype=torch.float64, pin_memory=run.on_cuda)
-    next_raw, rewards, all_dones = staging.to(device), host_rewards.to(device), host_dones.to(device)
+    next_raw = staging.to(device)
+    rewards = host_rewards.to(device)
+    all_dones = host_dones.to(device)
     raw_returns = host_returns.to(device)
     graphs.fill(next_raw, next_raw_obs, staging)
     action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
     steps = torch.arange(args.num_steps, device=device)
     b_obs = obs.reshape((-1,) + obs_shape)  # the flattened batch: views of the rollout buffers
-    b_actions, b_logprobs, b_values = actions.reshape((-1,) + action_shape), logprobs.reshape(-1), values.reshape(-1)
+    b_actions = actions.reshape((-1,) + action_shape)
+    b_logprobs = logprobs.reshape(-1)
+    b_values = values.reshape(-1)
 
     def policy_step(step):
-        """The policy on `next_raw`, written into rollout row `step` (a tensor: one graph serves every row)."""
-        # the statistics stay fixed during the rollout: every obs of the iteration is normalised alike
+        """The policy on `next_raw`, written into rollout row `step` (a tensor: one graph for all rows)."""
         next_obs = network_input(next_raw, obs_stats, args)
         # ALGO LOGIC: action logic (the unwrapped agent: inference must not go through DDP)
         with torch.no_grad():
             action, logprob, _, value = agent.get_action_and_value(next_obs)
-        obs[step], values[step], actions[step], logprobs[step] = next_obs, value.flatten(), action, logprob
+        obs[step] = next_obs
+        values[step] = value.flatten()
+        actions[step] = action
+        logprobs[step] = logprob
 
     def advantages_and_returns():
         scaled = scale_reward(rewards, return_stats, args.clip_reward) if args.norm_reward else rewards.float()
@@ -428,7 +428,8 @@ def main() -> None:
             return compute_gae(scaled, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
 
     def minibatch_backward(mb_inds, mb_advantages, b_returns):
-        minibatch = [b[mb_inds] for b in (b_obs, b_actions, b_logprobs, b_returns, b_values)]  # ppo_loss's order
+        # in ppo_loss's order
+        minibatch = [b[mb_inds] for b in (b_obs, b_actions, b_logprobs, b_returns, b_values)]
         loss, mb_stats = ppo_loss(model, mb_advantages, *minibatch, args)
         optimizer.zero_grad(set_to_none=False)
         loss.backward()
@@ -438,9 +439,9 @@ def main() -> None:
         nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
         optimizer.step()
 
-    # --cudagraphs: each one CUDA graph replay. No collective runs inside a graph: across ranks the backward (eager
-    # under DDP, which all-reduces inside it) and the step are graphed apart, around the flat all-reduce
-    capture = graphs.enabled(args, run)  # only CUDA captures: on the CPU the same functions run eagerly
+    # --cudagraphs: no collective inside a graph, so across ranks the backward (eager under DDP,
+    # which all-reduces in it) and the step are graphed apart, around the flat all-reduce
+    capture = graphs.enabled(args, run)  # on CUDA only: the CPU runs the same functions eagerly
     flat = world_size > 1 and args.grad_sync == "flat"
     policy_step = graphs.graphed(policy_step, capture)
     advantages_and_returns = graphs.graphed(advantages_and_returns, capture)
@@ -456,8 +457,10 @@ def main() -> None:
         clip_and_step()
         return mb_stats
 
-    update = graphs.graphed(update, capture and world_size == 1)  # at world size 1 the whole update is one graph
-    num_iterations, preempted = sizes.num_iterations, False
+    # at world size 1 the whole update is one graph
+    update = graphs.graphed(update, capture and world_size == 1)
+    num_iterations = sizes.num_iterations
+    preempted = False
     rt.open_run(run, sizes, ckpt)
 
     for iteration in range(start_iteration, num_iterations + 1):
@@ -472,13 +475,13 @@ def main() -> None:
             policy_step(steps[step : step + 1])
 
             # TRY NOT TO MODIFY: execute the game and log data.
-            # the env gets the action clipped to its bounds; the buffer keeps the sampled one (its logprob)
+            # the env gets the action clipped to its bounds, the buffer the sampled one
             next_raw_obs, reward, terminations, truncations, _ = envs.step(
                 np.clip(actions[step].cpu().numpy(), action_low, action_high)
             )
             next_done = np.logical_or(terminations, truncations)
             episodes.step(reward, next_done)
-            # reward scaling as gymnasium's NormalizeReward: divide by the std of a discounted return
+            # reward scaling as gymnasium's NormalizeReward
             discounted_return = discounted_return * args.gamma + reward
             host_returns[step] = torch.from_numpy(discounted_return)
             discounted_return[next_done] = 0
@@ -491,7 +494,8 @@ def main() -> None:
         raw_returns.copy_(host_returns, non_blocking=True)
         update_start = time.perf_counter()
         advantages, returns = advantages_and_returns()
-        b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
+        b_advantages = advantages.reshape(-1)
+        b_returns = returns.reshape(-1)
 
         # CRUCIAL: the statistics change only here, after the bootstrap value (normalised as the rollout was),
         # from the samples of all ranks, so that all normalise alike
@@ -500,8 +504,9 @@ def main() -> None:
         if args.norm_reward:
             return_stats.update(raw_returns, world_size)
 
-        # Optimizing the policy and value network (the same minibatches, so the same all-reduces, on every rank)
-        loss_sums, num_updates = {}, 0
+        # Optimizing the policy and value network (the same all-reduces on every rank)
+        loss_sums = {}
+        num_updates = 0
         for _epoch in range(args.update_epochs):
             b_inds = torch.randperm(sizes.local_batch_size, device=device).view(-1, sizes.local_minibatch_size)
             # CRUCIAL: minibatch k (row k) is normalised with the statistics of global minibatch k
@@ -522,7 +527,7 @@ def main() -> None:
                     break
         update_seconds = time.perf_counter() - update_start
 
-        # metrics of ALL ranks, by name in one all-reduce (explained variance from the global batch's sums)
+        # metrics of ALL ranks, by name in one all-reduce (explained variance from global sums)
         y, d = b_returns, b_returns - b_values
         m = rt.all_sum(
             run,
@@ -533,7 +538,7 @@ def main() -> None:
         n_batch = sizes.batch_size
         var_y = m["y2"] / n_batch - (m["y"] / n_batch) ** 2
         var_diff = m["d2"] / n_batch - (m["d"] / n_batch) ** 2
-        # the statistics, equal on every rank: one read for the three
+        # equal on every rank: one read
         norm = dict(count=obs_stats.count, obs_std_mean=obs_stats.var.sqrt().mean(), return_std=return_stats.var.sqrt())
         norm = dict(zip(norm, torch.stack(list(norm.values())).tolist(), strict=True))
         scalars = {
@@ -553,13 +558,12 @@ def main() -> None:
         if rt.steps_crossed(prev_step, global_step, args.sync_check_every):
             stats = [*obs_stats.tensors(), *return_stats.tensors()]
             rt.check_replicas_in_sync(f"iteration {iteration}", world_size, agent, optimizer, *stats)
-        # evaluation with the current statistics, frozen
         reached = evals.evaluate(run, (agent, obs_stats), eval_action, make_env, prev_step, global_step)
 
         preempted = rt.preempted(run)  # a SIGTERM/SIGUSR1 on any rank stops every rank here
         last = iteration == num_iterations or preempted or reached
         if last or rt.steps_crossed(prev_step, global_step, args.checkpoint_every):
-            # each rank's envs as data (MuJoCo's state, RNGs, step counts), never pickled objects
+            # this rank's envs as data (MuJoCo's state, RNGs, step counts), not pickled
             env_states = [env_state.capture(env) for env in envs.envs]
             arrays = (next_raw_obs, host_dones[-1].numpy().copy(), episodes.returns, episodes.lengths)
             rank_state = (env_states, *map(torch.from_numpy, (*arrays, discounted_return)))

@@ -78,11 +78,11 @@ class Args(rt.RunArgs):
     target_kl: Optional[float] = None
     """stop the epochs early when the KL averaged across ranks exceeds this"""
     eval_greedy: bool = True
-    """if toggled, evaluation takes the most likely action; --no-eval-greedy samples from the policy"""
+    """if toggled, evaluation takes the most likely action; --no-eval-greedy samples"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
-    """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
+    """how gradients are averaged: DDP, or one all-reduce of all gradients flattened"""
     cudagraphs: bool = True
-    """CUDA: the policy step, GAE and each minibatch update replayed as CUDA graphs (the CPU runs them eagerly)"""
+    """on CUDA, replay the policy step, GAE and each minibatch update as CUDA graphs"""
 
 
 def make_env(env_id: str, render_mode: Optional[str] = None):
@@ -128,7 +128,7 @@ class Agent(nn.Module):
         return action, probs.log_prob(action), probs.entropy(), self.critic(x)
 
     def forward(self, x, action):
-        # the loss goes through `forward`, so that DDP averages its gradients; the rollout calls the unwrapped agent
+        # the loss goes through `forward`, so that DDP averages its gradients; the rollout skips DDP
         return self.get_action_and_value(x, action)
 
 
@@ -146,7 +146,7 @@ def load_agent(ckpt: dict, device) -> Agent:
     return agent
 
 
-# ALGO LOGIC: sizes, GAE, the loss and the gradient all-reduce (pure functions, imported by the tests)
+# ALGO LOGIC: sizes, GAE, the loss and the gradient all-reduce (imported by the tests)
 @dataclass(frozen=True)
 class Sizes(rt.Sizes):
     local_batch_size: int
@@ -182,8 +182,7 @@ def derive_sizes(args: Args, world_size: int) -> Sizes:
 
 
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
-    """GAE over a [num_steps, num_envs] rollout; returns (advantages, returns). `dones[t]` is 1 when
-    `obs[t]` starts a new episode (CleanRL's convention), `next_done` for the obs after the rollout."""
+    """GAE: (advantages, returns) of a [num_steps, num_envs] rollout, with CleanRL's `dones`."""
     num_steps = rewards.shape[0]
     advantages = torch.zeros_like(rewards)
     lastgaelam = 0
@@ -200,8 +199,8 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
 
 
 def normalize_advantages(adv: torch.Tensor, world_size: int) -> torch.Tensor:
-    """Normalise each row of `adv` [num_minibatches, local minibatch] with the mean and std of that
-    *global* minibatch (row k of every rank): one all-reduce of float64 sums for the whole epoch."""
+    """Normalise row k of `adv` [num_minibatches, local minibatch] with the mean and std of GLOBAL
+    minibatch k (row k of every rank): one all-reduce of float64 sums per epoch."""
     a = adv.double()
     count = torch.full(a.shape[:-1], a.shape[-1], dtype=a.dtype, device=a.device)  # no host copy
     stats = torch.stack([a.sum(-1), (a * a).sum(-1), count])
@@ -214,7 +213,7 @@ def normalize_advantages(adv: torch.Tensor, world_size: int) -> torch.Tensor:
 
 
 def ppo_loss(model, mb_advantages, mb_obs, mb_actions, mb_logprobs, mb_returns, mb_values, args: Args):
-    """The clipped PPO loss of one local minibatch, and its named stats (detached); `model` may be DDP-wrapped."""
+    """The clipped PPO loss of one local minibatch and its stats (detached); `model` may be DDP."""
     _, newlogprob, entropy, newvalue = model(mb_obs, mb_actions)
     logratio = newlogprob - mb_logprobs
     ratio = logratio.exp()
@@ -247,7 +246,7 @@ def ppo_loss(model, mb_advantages, mb_obs, mb_actions, mb_logprobs, mb_returns, 
 
 
 def all_reduce_gradients_flat(params, world_size: int) -> None:
-    """Average gradients over ranks: one all-reduce of a flat buffer, not DDP (entity-neural-network/incubator#220)."""
+    """Average gradients over ranks in one flat all-reduce (entity-neural-network/incubator#220)."""
     if world_size == 1:
         return
     grads = [p.grad for p in params]
@@ -288,16 +287,17 @@ def main() -> None:
     )
     agent = Agent(**agent_kwargs).to(device)
     if world_size > 1:
-        for tensor in agent.state_dict().values():  # the same start whichever --grad-sync is used
+        for tensor in agent.state_dict().values():  # the same start on either --grad-sync
             dist.broadcast(tensor, src=0)
-    # fused: one kernel for all parameters; the learning rate a tensor, which a captured step reads
+    # fused: one kernel for all parameters; the learning rate a tensor that a captured step reads
     optimizer = graphs.optimizer(optim.Adam, agent.parameters(), args.learning_rate, device, eps=1e-5, fused=True)
     rt.seed_everything(rt.rank_seed(args.seed, rank))
     if ckpt:
         agent.load_state_dict(ckpt["agent"])
         optimizer.load_state_dict(ckpt["optimizer"])
         rt.resume_rng(run, ckpt, args.seed)
-    for p in agent.parameters():  # gradients allocated once: backward accumulates into them (CUDA graphs)
+    # gradients allocated once, outside graph memory: backward adds to them
+    for p in agent.parameters():
         p.grad = torch.zeros_like(p)
     model = DDP(agent) if world_size > 1 and args.grad_sync == "ddp" else agent
 
@@ -309,11 +309,12 @@ def main() -> None:
         share = env_state.split_for_rank(run, ckpt)
         if env_state.restore(run, envs.envs, share[0] if share else None):
             next_obs_np, next_done, episodes.returns, episodes.lengths = (x.numpy() for x in share[1:])
-        else:  # an env family with no state function: new episodes, from seeds no earlier attempt used
+        else:  # an env without a state function: new episodes, from unused seeds
             next_obs_np, _ = envs.reset(seed=env_seed0 + (start_iteration - 1) * sizes.num_envs)
 
-    # ALGO Logic: Storage setup, allocated once: a CUDA graph replays the addresses; rewards and dones cross per rollout
-    n, obs_shape = args.local_num_envs, envs.single_observation_space.shape
+    # ALGO Logic: Storage setup, allocated once (a CUDA graph replays the addresses)
+    n = args.local_num_envs
+    obs_shape = envs.single_observation_space.shape
     obs = torch.zeros((args.num_steps, n) + obs_shape, device=device)
     actions = torch.zeros((args.num_steps, n), dtype=torch.long, device=device)
     logprobs = torch.zeros((args.num_steps, n), device=device)
@@ -322,18 +323,24 @@ def main() -> None:
     host_dones = torch.zeros((args.num_steps + 1, n), pin_memory=run.on_cuda)  # last row: next_done
     host_dones[-1] = torch.from_numpy(next_done)
     staging = torch.zeros((n,) + obs_shape, pin_memory=run.on_cuda)
-    next_obs, rewards, all_dones = staging.to(device), host_rewards.to(device), host_dones.to(device)
+    next_obs = staging.to(device)
+    rewards = host_rewards.to(device)
+    all_dones = host_dones.to(device)
     graphs.fill(next_obs, next_obs_np, staging)
     steps = torch.arange(args.num_steps, device=device)
     b_obs = obs.reshape((-1,) + obs_shape)  # the flattened batch: views of the rollout buffers
-    b_logprobs, b_actions, b_values = logprobs.reshape(-1), actions.reshape(-1), values.reshape(-1)
+    b_logprobs = logprobs.reshape(-1)
+    b_actions = actions.reshape(-1)
+    b_values = values.reshape(-1)
 
     def policy_step(step):
-        """The policy on `next_obs`, written into rollout row `step` (a tensor: one graph serves every row)."""
+        """The policy on `next_obs`, written into rollout row `step` (a tensor: one graph for all rows)."""
         # ALGO LOGIC: action logic (the unwrapped agent: inference must not go through DDP)
         with torch.no_grad():
             action, logprob, _, value = agent.get_action_and_value(next_obs)
-        values[step], actions[step], logprobs[step] = value.flatten(), action, logprob
+        values[step] = value.flatten()
+        actions[step] = action
+        logprobs[step] = logprob
 
     def advantages_and_returns():
         with torch.no_grad():  # bootstrap value if not done
@@ -342,7 +349,8 @@ def main() -> None:
             return compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
 
     def minibatch_backward(mb_inds, mb_advantages, b_returns):
-        minibatch = [b[mb_inds] for b in (b_obs, b_actions, b_logprobs, b_returns, b_values)]  # ppo_loss's order
+        # in ppo_loss's order
+        minibatch = [b[mb_inds] for b in (b_obs, b_actions, b_logprobs, b_returns, b_values)]
         loss, mb_stats = ppo_loss(model, mb_advantages, *minibatch, args)
         optimizer.zero_grad(set_to_none=False)
         loss.backward()
@@ -352,9 +360,9 @@ def main() -> None:
         nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
         optimizer.step()
 
-    # --cudagraphs: each one CUDA graph replay. No collective runs inside a graph: across ranks the backward (eager
-    # under DDP, which all-reduces inside it) and the step are graphed apart, around the flat all-reduce
-    capture = graphs.enabled(args, run)  # only CUDA captures: on the CPU the same functions run eagerly
+    # --cudagraphs: no collective inside a graph, so across ranks the backward (eager under DDP,
+    # which all-reduces in it) and the step are graphed apart, around the flat all-reduce
+    capture = graphs.enabled(args, run)  # on CUDA only: the CPU runs the same functions eagerly
     flat = world_size > 1 and args.grad_sync == "flat"
     policy_step = graphs.graphed(policy_step, capture)
     advantages_and_returns = graphs.graphed(advantages_and_returns, capture)
@@ -370,8 +378,10 @@ def main() -> None:
         clip_and_step()
         return mb_stats
 
-    update = graphs.graphed(update, capture and world_size == 1)  # at world size 1 the whole update is one graph
-    num_iterations, preempted = sizes.num_iterations, False
+    # at world size 1 the whole update is one graph
+    update = graphs.graphed(update, capture and world_size == 1)
+    num_iterations = sizes.num_iterations
+    preempted = False
     rt.open_run(run, sizes, ckpt)
 
     for iteration in range(start_iteration, num_iterations + 1):
@@ -397,10 +407,12 @@ def main() -> None:
         all_dones.copy_(host_dones, non_blocking=True)
         update_start = time.perf_counter()
         advantages, returns = advantages_and_returns()
-        b_advantages, b_returns = advantages.reshape(-1), returns.reshape(-1)
+        b_advantages = advantages.reshape(-1)
+        b_returns = returns.reshape(-1)
 
-        # Optimizing the policy and value network (the same minibatches, so the same all-reduces, on every rank)
-        loss_sums, num_updates = {}, 0
+        # Optimizing the policy and value network (the same all-reduces on every rank)
+        loss_sums = {}
+        num_updates = 0
         for _epoch in range(args.update_epochs):
             b_inds = torch.randperm(sizes.local_batch_size, device=device).view(-1, sizes.local_minibatch_size)
             # CRUCIAL: minibatch k (row k) is normalised with the statistics of global minibatch k
@@ -421,7 +433,7 @@ def main() -> None:
                     break
         update_seconds = time.perf_counter() - update_start
 
-        # metrics of ALL ranks, by name in one all-reduce (explained variance from the global batch's sums)
+        # metrics of ALL ranks, by name in one all-reduce (explained variance from global sums)
         y, d = b_returns, b_returns - b_values
         m = rt.all_sum(
             run,
@@ -429,9 +441,9 @@ def main() -> None:
             | dict(y=y.sum(), y2=(y * y).sum(), d=d.sum(), d2=(d * d).sum())
             | episodes.take(),
         )
-        n = sizes.batch_size
-        var_y = m["y2"] / n - (m["y"] / n) ** 2
-        var_diff = m["d2"] / n - (m["d"] / n) ** 2
+        n_batch = sizes.batch_size
+        var_y = m["y2"] / n_batch - (m["y"] / n_batch) ** 2
+        var_diff = m["d2"] / n_batch - (m["d"] / n_batch) ** 2
         scalars = {
             "charts/learning_rate": lr,
             "losses/explained_variance": np.nan if var_y == 0 else 1 - var_diff / var_y,

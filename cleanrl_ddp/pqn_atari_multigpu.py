@@ -41,15 +41,15 @@ class Args(rt.RunArgs):
 
     # Algorithm specific arguments
     env_id: str = "BreakoutNoFrameskip-v4"
-    """the Atari game: `BreakoutNoFrameskip-v4`, `ALE/Breakout-v5` or an ALE ROM name such as `breakout`"""
+    """the Atari game: `BreakoutNoFrameskip-v4`, `ALE/Breakout-v5` or a ROM name (`breakout`)"""
     repeat_action_probability: Optional[float] = None
-    """sticky actions; default 0.25 for `ALE/*-v5` ids (Machado et al., 2018), else 0.0 (the v4 protocol)"""
+    """sticky actions; default 0.25 for `ALE/*-v5` ids (Machado et al., 2018), else 0.0"""
     total_timesteps: int = 10000000
     """agent steps of the whole run, summed over all ranks (x4 for emulator frames)"""
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
     local_num_envs: int = 8
-    """the number of parallel game environments on each rank"""
+    """the number of parallel environments on each rank"""
     num_steps: int = 128
     """the number of steps each environment runs per rollout"""
     num_minibatches: int = 4
@@ -71,16 +71,15 @@ class Args(rt.RunArgs):
     q_lambda: float = 0.65
     """the lambda of the Q(lambda) returns"""
     eval_greedy: bool = False
-    """if toggled, evaluation is greedy; default epsilon --end-e (greedy can stall a game: no FIRE)"""
+    """if toggled, evaluation is greedy (which can stall a game: no FIRE), else epsilon --end-e"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
-    """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
+    """how gradients are averaged: DDP, or one all-reduce of all gradients flattened"""
     cudagraphs: bool = True
-    """CUDA: the policy step and the Q(lambda) returns replayed as CUDA graphs (the CPU runs them eagerly)"""
+    """on CUDA, replay the policy step and the Q(lambda) returns as CUDA graphs"""
 
 
 def make_env(env_id: str, num_envs: int, num_threads: int = 1, repeat_action_probability: float = 0.0):
-    """`num_envs` games in ALE's C++ vector env, DeepMind's preprocessing in C++, as ppo_atari_multigpu.py's:
-    a life loss sets `terminated` but the game goes on; rewards unclipped; autoreset within the step."""
+    """ALE's C++ vector env, as ppo_atari_multigpu.py's: a life loss sets `terminated`."""
     return AtariVectorEnv(
         atari.ale_game(env_id),
         num_envs,
@@ -94,7 +93,7 @@ def make_env(env_id: str, num_envs: int, num_threads: int = 1, repeat_action_pro
         grayscale=True,
         stack_num=4,
         use_fire_reset=True,
-        episodic_life=False,  # ALE 0.12's episodic_life restarts the whole game at each life loss
+        episodic_life=False,  # ALE's episodic_life restarts the whole game at each life loss
         life_loss_info=True,
         reward_clipping=False,
         max_num_frames_per_episode=108000,
@@ -110,7 +109,7 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 
 # ALGO LOGIC: initialize agent here:
 class QNetwork(nn.Module):
-    """The Nature CNN with LayerNorm after each layer (per-sample statistics: nothing to sync across ranks)."""
+    """The Nature CNN with LayerNorm after each layer (per-sample statistics: nothing to sync)."""
 
     def __init__(self, n_actions: int):
         super().__init__()
@@ -136,8 +135,7 @@ class QNetwork(nn.Module):
 
 
 def eval_action(q_network: QNetwork, obs, greedy: bool, generator, args: Args):
-    """Evaluation's actions (cleanrl_ddp/evals.py): epsilon-greedy with --end-e (0 if `greedy`), drawn from
-    `generator`."""
+    """Evaluation's actions (cleanrl_ddp/evals.py): epsilon-greedy with --end-e (0 if `greedy`)."""
     q_values = q_network(obs)
     epsilon = 0.0 if greedy else args.end_e
     explore = torch.rand(len(obs), generator=generator, device=obs.device) < epsilon
@@ -151,7 +149,7 @@ def load_agent(ckpt: dict, device) -> QNetwork:
     return q_network
 
 
-# ALGO LOGIC: sizes, epsilon, Q(lambda), the update and the gradient all-reduce (pure functions, imported by the tests)
+# ALGO LOGIC: sizes, epsilon, Q(lambda), the update, the all-reduce (imported by the tests)
 @dataclass(frozen=True)
 class Sizes(rt.Sizes):
     local_batch_size: int
@@ -160,7 +158,7 @@ class Sizes(rt.Sizes):
 
 
 def derive_sizes(args: Args, world_size: int) -> Sizes:
-    """Global and per-rank sizes from the flags and the world size; raises RunError on bad input."""
+    """Global and per-rank sizes; raises RunError on bad input."""
     rt.require_at_least_1(args, "local_num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps")
     if not args.exploration_fraction > 0:
         raise rt.RunError(f"--exploration-fraction must be positive, got {args.exploration_fraction}")
@@ -194,8 +192,7 @@ def linear_schedule(start_e: float, end_e: float, duration: float, t: int) -> fl
 
 
 def q_lambda_returns(rewards, values, dones, next_value, next_done, gamma, q_lambda):
-    """Q(lambda) returns of a [num_steps, num_envs] rollout. `values[t]` is max_a Q(obs[t], a); `dones[t]` is 1
-    when `obs[t]` starts an episode (CleanRL's convention), `next_done` likewise after the rollout."""
+    """Q(lambda) returns of a [num_steps, num_envs] rollout; `values[t]` is max_a Q(obs[t], a)."""
     num_steps = rewards.shape[0]
     returns = torch.zeros_like(rewards)
     for t in reversed(range(num_steps)):
@@ -209,8 +206,7 @@ def q_lambda_returns(rewards, values, dones, next_value, next_done, gamma, q_lam
 
 
 def update_q_network(model, q_network, optimizer, obs, actions, returns, args: Args, world_size: int):
-    """One step on this rank's minibatch; `model`: `q_network`, DDP-wrapped under --grad-sync ddp.
-    Returns (TD loss, mean Q of the taken actions), detached."""
+    """One step on this rank's minibatch (`model` may be DDP): TD loss and mean Q, detached."""
     q_taken = model(obs).gather(1, actions.unsqueeze(1)).squeeze(1)
     loss = F.mse_loss(q_taken, returns)
     optimizer.zero_grad(set_to_none=False)
@@ -224,7 +220,7 @@ def update_q_network(model, q_network, optimizer, obs, actions, returns, args: A
 
 
 def all_reduce_gradients_flat(params, world_size: int) -> None:
-    """Average gradients over ranks: one all-reduce of a flat buffer, not DDP (entity-neural-network/incubator#220)."""
+    """Average gradients over ranks in one flat all-reduce (entity-neural-network/incubator#220)."""
     if world_size == 1:
         return
     grads = [p.grad for p in params]
@@ -246,20 +242,20 @@ def main() -> None:
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = ckpt["global_step"] if ckpt else 0
 
-    # CRUCIAL: every rank starts from the same weights, but steps its own envs with its own seeds and
-    # explores from its own stream. Env seeds are global env indices (disjoint across ranks).
+    # CRUCIAL: the same start weights on every rank, but each rank's own (disjoint) env seeds and random stream
     rt.seed_everything(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     n = args.local_num_envs
-    # the env's C++ threads get the rank's share of its cores, as torch's threads do (they alternate)
+    # env threads: the rank's share of its cores, as torch's (rollout and update alternate)
     envs = make_env(args.env_id, n, min(torch.get_num_threads(), n), atari.sticky_action_probability(args))
     n_actions = int(envs.single_action_space.n)
     agent_kwargs = dict(n_actions=n_actions)  # saved for cleanrl_ddp/evaluate.py
     q_network = QNetwork(**agent_kwargs).to(device)
     if world_size > 1:
-        for tensor in q_network.state_dict().values():  # the same start whichever --grad-sync is used
+        for tensor in q_network.state_dict().values():  # the same start on either --grad-sync
             dist.broadcast(tensor, src=0)
-    optimizer = optim.RAdam(q_network.parameters(), lr=args.learning_rate, foreach=True)  # CUDA's default, on CPU too
+    # foreach: CUDA's default, on the CPU too
+    optimizer = optim.RAdam(q_network.parameters(), lr=args.learning_rate, foreach=True)
     rt.seed_everything(rt.rank_seed(args.seed, rank))
     if ckpt:
         q_network.load_state_dict(ckpt["q_network"])
@@ -267,15 +263,13 @@ def main() -> None:
         rt.resume_rng(run, ckpt, args.seed)
     model = DDP(q_network) if world_size > 1 and args.grad_sync == "ddp" else q_network
 
-    # ALE's envs cannot be saved: a resumed run seeds them past the seeds earlier attempts used
+    # ALE's envs cannot be saved: a resumed run seeds them past the seeds used before
     env_seed0 = args.seed + rank * n + (start_iteration - 1) * sizes.num_envs
     frames, info = envs.reset(seed=env_seed0)
     prev_lives = info["lives"]
     episodes = rt.Episodes(n)  # whole games (all lives)
 
-    # ALGO Logic: Storage setup, allocated once (the addresses a CUDA graph replays). Frames stay uint8 (the network
-    # scales them). Rewards, dones and the rollout's epsilons cross to the device once per rollout, frames at every
-    # step, from page-locked buffers on CUDA (on the CPU `.to(device)` of a host buffer is the buffer itself).
+    # ALGO Logic: Storage setup, allocated once (a CUDA graph replays the addresses); uint8 frames
     obs_shape = envs.single_observation_space.shape
     obs = torch.zeros((args.num_steps, n) + obs_shape, dtype=torch.uint8, device=device)
     actions = torch.zeros((args.num_steps, n), dtype=torch.long, device=device)
@@ -284,33 +278,37 @@ def main() -> None:
     host_dones = torch.zeros((args.num_steps + 1, n), pin_memory=run.on_cuda)  # last row: next_done
     host_epsilons = torch.zeros(args.num_steps, pin_memory=run.on_cuda)
     staging = torch.zeros(frames.shape, dtype=torch.uint8, pin_memory=run.on_cuda)
-    next_obs, rewards, all_dones = staging.to(device), host_rewards.to(device), host_dones.to(device)
+    next_obs = staging.to(device)
+    rewards = host_rewards.to(device)
+    all_dones = host_dones.to(device)
     graphs.fill(next_obs, frames, staging)
-    rewards_np, dones_np, epsilons = host_rewards.numpy(), host_dones.numpy(), host_epsilons.to(device)
+    rewards_np = host_rewards.numpy()
+    dones_np = host_dones.numpy()
+    epsilons = host_epsilons.to(device)
     steps = torch.arange(args.num_steps, device=device)
-    num_iterations, preempted = sizes.num_iterations, False
+    num_iterations = sizes.num_iterations
+    preempted = False
     duration = args.exploration_fraction * args.total_timesteps
 
     def policy_step(step):
-        """Epsilon-greedy on `next_obs`, written into rollout row `step` (a tensor: one graph serves every row)."""
-        # ALGO LOGIC: the draws from the rank's own stream, on the device (the unwrapped network: inference must not
-        # go through DDP); epsilon from the GLOBAL step, the rollout's computed on the host (`epsilons`)
+        """Epsilon-greedy on `next_obs`, written into rollout row `step` (a tensor: one graph for all rows)."""
+        # ALGO LOGIC: the rank's own draws; the unwrapped network (inference skips DDP)
         random_actions = torch.randint(0, n_actions, (n,), device=device)
         with torch.no_grad():
             q_max, max_actions = q_network(next_obs).max(dim=1)
         explore = torch.rand(n, device=device) < epsilons[step]
-        values[step], actions[step] = q_max, torch.where(explore, random_actions, max_actions)
+        values[step] = q_max
+        actions[step] = torch.where(explore, random_actions, max_actions)
 
     def lambda_returns():
-        """Q(lambda) returns of this rank's own envs (the rank that stepped them)."""
+        """Q(lambda) returns of this rank's own envs."""
         with torch.no_grad():
             next_value = q_network(next_obs).max(dim=1).values
             dones, next_done = all_dones[:-1], all_dones[-1]
             return q_lambda_returns(rewards, values, dones, next_value, next_done, args.gamma, args.q_lambda)
 
-    # --cudagraphs: each one CUDA graph replay (the update stays eager: its all-reduce sits between its backward and
-    # step at world size > 1, and RAdam's capturable step is another computation than its eager one)
-    capture = graphs.enabled(args, run)  # only CUDA captures
+    # --cudagraphs: the update stays eager (RAdam's capturable step computes otherwise)
+    capture = graphs.enabled(args, run)  # on CUDA only: the CPU runs the same functions eagerly
     policy_step = graphs.graphed(policy_step, capture)
     lambda_returns = graphs.graphed(lambda_returns, capture)
     rt.open_run(run, sizes, ckpt)
@@ -336,8 +334,7 @@ def main() -> None:
 
             # TRY NOT TO MODIFY: execute the game and log data.
             frames, reward, terminations, truncations, info = envs.step(actions[step].cpu().numpy())
-            # a life loss ends the episode for learning (no bootstrapping through it, as in DeepMind's
-            # protocol); only a game over ends the logged episode, whose return is the game's score
+            # a life loss ends the episode for learning; only a game over ends the logged one
             dones_np[step + 1] = terminations | truncations
             rewards_np[step] = atari.clip_reward(reward)
             episodes.step(reward, atari.game_over(terminations, truncations, info["lives"], prev_lives))
@@ -354,22 +351,18 @@ def main() -> None:
         b_actions = actions.reshape(-1)
         b_returns = returns.reshape(-1)
 
-        # Optimizing the Q-network (the same minibatches, so the same all-reduces, on every rank)
-        td_loss, q_values, num_updates = 0.0, 0.0, 0
+        # Optimizing the Q-network (as many minibatches, so all-reduces, on every rank)
+        td_loss = 0.0
+        q_values = 0.0
+        num_updates = 0
         for _epoch in range(args.update_epochs):
             b_inds = torch.randperm(sizes.local_batch_size, device=device).view(-1, sizes.local_minibatch_size)
             for mb_inds in b_inds:
-                loss, q_mean = update_q_network(
-                    model,
-                    q_network,
-                    optimizer,
-                    obs=b_obs[mb_inds],
-                    actions=b_actions[mb_inds],
-                    returns=b_returns[mb_inds],
-                    args=args,
-                    world_size=world_size,
-                )
-                td_loss, q_values, num_updates = td_loss + loss, q_values + q_mean, num_updates + 1
+                minibatch = [b[mb_inds] for b in (b_obs, b_actions, b_returns)]
+                loss, q_mean = update_q_network(model, q_network, optimizer, *minibatch, args, world_size)
+                td_loss = td_loss + loss
+                q_values = q_values + q_mean
+                num_updates += 1
         update_seconds = time.perf_counter() - update_start
 
         # metrics of ALL ranks, by name in one all-reduce: losses averaged, whole games summed
@@ -393,7 +386,7 @@ def main() -> None:
         last = iteration == num_iterations or preempted or reached
         if last or rt.steps_crossed(prev_step, global_step, args.checkpoint_every):
             state = dict(q_network=q_network.state_dict(), agent_kwargs=agent_kwargs, optimizer=optimizer.state_dict())
-            rt.save_checkpoint(run, iteration, global_step, None, **state)  # no rank_state: no env state
+            rt.save_checkpoint(run, iteration, global_step, None, **state)  # no env state
         if preempted or reached:
             break
 

@@ -1,4 +1,4 @@
-"""PQN (Gallici et al., 2024) for discrete-action classic control, data-parallel with torch.distributed.
+"""PQN (Gallici et al., 2024) for discrete actions (classic control), data-parallel.
 
 Docs: docs/pqn_multigpu.md. Launch it (all ranks run this same file; more ways in the README):
 
@@ -70,9 +70,9 @@ class Args(rt.RunArgs):
     eval_greedy: bool = True
     """if toggled, evaluation is greedy; --no-eval-greedy plays with epsilon --end-e"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
-    """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
+    """how gradients are averaged: DDP, or one all-reduce of all gradients flattened"""
     cudagraphs: bool = True
-    """CUDA: the policy step and the Q(lambda) returns replayed as CUDA graphs (the CPU runs them eagerly)"""
+    """on CUDA, replay the policy step and the Q(lambda) returns as CUDA graphs"""
 
 
 def make_env(env_id: str, render_mode: Optional[str] = None):
@@ -107,8 +107,7 @@ class QNetwork(nn.Module):
 
 
 def eval_action(q_network: QNetwork, obs, greedy: bool, generator, args: Args):
-    """Evaluation's actions (cleanrl_ddp/evals.py): epsilon-greedy with --end-e (0 if `greedy`), drawn from
-    `generator`."""
+    """Evaluation's actions (cleanrl_ddp/evals.py): epsilon-greedy with --end-e (0 if `greedy`)."""
     q_values = q_network(obs)
     epsilon = 0.0 if greedy else args.end_e
     explore = torch.rand(len(obs), generator=generator, device=obs.device) < epsilon
@@ -122,7 +121,7 @@ def load_agent(ckpt: dict, device) -> QNetwork:
     return q_network
 
 
-# ALGO LOGIC: sizes, epsilon, Q(lambda), the update and the gradient all-reduce (pure functions, imported by the tests)
+# ALGO LOGIC: sizes, epsilon, Q(lambda), the update, the all-reduce (imported by the tests)
 @dataclass(frozen=True)
 class Sizes(rt.Sizes):
     local_batch_size: int
@@ -131,7 +130,7 @@ class Sizes(rt.Sizes):
 
 
 def derive_sizes(args: Args, world_size: int) -> Sizes:
-    """Global and per-rank sizes from the flags and the world size; raises RunError on bad input."""
+    """Global and per-rank sizes; raises RunError on bad input."""
     rt.require_at_least_1(args, "local_num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps")
     if not args.exploration_fraction > 0:
         raise rt.RunError(f"--exploration-fraction must be positive, got {args.exploration_fraction}")
@@ -165,8 +164,7 @@ def linear_schedule(start_e: float, end_e: float, duration: float, t: int) -> fl
 
 
 def q_lambda_returns(rewards, values, dones, next_value, next_done, gamma, q_lambda):
-    """Q(lambda) returns of a [num_steps, num_envs] rollout. `values[t]` is max_a Q(obs[t], a); `dones[t]` is 1
-    when `obs[t]` starts an episode (CleanRL's convention), `next_done` likewise after the rollout."""
+    """Q(lambda) returns of a [num_steps, num_envs] rollout; `values[t]` is max_a Q(obs[t], a)."""
     num_steps = rewards.shape[0]
     returns = torch.zeros_like(rewards)
     for t in reversed(range(num_steps)):
@@ -180,8 +178,7 @@ def q_lambda_returns(rewards, values, dones, next_value, next_done, gamma, q_lam
 
 
 def update_q_network(model, q_network, optimizer, obs, actions, returns, args: Args, world_size: int):
-    """One step on this rank's minibatch; `model`: `q_network`, DDP-wrapped under --grad-sync ddp.
-    Returns (TD loss, mean Q of the taken actions), detached."""
+    """One step on this rank's minibatch (`model` may be DDP): TD loss and mean Q, detached."""
     q_taken = model(obs).gather(1, actions.unsqueeze(1)).squeeze(1)
     loss = F.mse_loss(q_taken, returns)
     optimizer.zero_grad(set_to_none=False)
@@ -195,7 +192,7 @@ def update_q_network(model, q_network, optimizer, obs, actions, returns, args: A
 
 
 def all_reduce_gradients_flat(params, world_size: int) -> None:
-    """Average gradients over ranks: one all-reduce of a flat buffer, not DDP (entity-neural-network/incubator#220)."""
+    """Average gradients over ranks in one flat all-reduce (entity-neural-network/incubator#220)."""
     if world_size == 1:
         return
     grads = [p.grad for p in params]
@@ -218,8 +215,7 @@ def main() -> None:
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = ckpt["global_step"] if ckpt else 0
 
-    # CRUCIAL: every rank starts from the same weights, but steps its own envs with its own seeds and
-    # explores from its own stream. Env seeds are global env indices (disjoint across ranks).
+    # CRUCIAL: the same start weights on every rank, but each rank's own (disjoint) env seeds and random stream
     rt.seed_everything(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     envs = gym.vector.SyncVectorEnv(
@@ -230,9 +226,10 @@ def main() -> None:
     agent_kwargs = dict(obs_dim=int(np.prod(envs.single_observation_space.shape)), n_actions=n_actions)
     q_network = QNetwork(**agent_kwargs).to(device)
     if world_size > 1:
-        for tensor in q_network.state_dict().values():  # the same start whichever --grad-sync is used
+        for tensor in q_network.state_dict().values():  # the same start on either --grad-sync
             dist.broadcast(tensor, src=0)
-    optimizer = optim.RAdam(q_network.parameters(), lr=args.learning_rate, foreach=True)  # CUDA's default, on CPU too
+    # foreach: CUDA's default, on the CPU too
+    optimizer = optim.RAdam(q_network.parameters(), lr=args.learning_rate, foreach=True)
     rt.seed_everything(rt.rank_seed(args.seed, rank))
     if ckpt:
         q_network.load_state_dict(ckpt["q_network"])
@@ -248,13 +245,12 @@ def main() -> None:
         share = env_state.split_for_rank(run, ckpt)
         if env_state.restore(run, envs.envs, share[0] if share else None):
             next_obs_np, next_done, episodes.returns, episodes.lengths = (x.numpy() for x in share[1:])
-        else:  # an env family with no state function: new episodes, from seeds no earlier attempt used
+        else:  # an env without a state function: new episodes, from unused seeds
             next_obs_np, _ = envs.reset(seed=env_seed0 + (start_iteration - 1) * sizes.num_envs)
 
-    # ALGO Logic: Storage setup, allocated once (the addresses a CUDA graph replays). Rewards, dones and the rollout's
-    # epsilons cross to the device once per rollout (page-locked on CUDA), observations at every step, through a
-    # staging buffer of their own.
-    n, obs_shape = args.local_num_envs, envs.single_observation_space.shape
+    # ALGO Logic: Storage setup, allocated once (a CUDA graph replays the addresses)
+    n = args.local_num_envs
+    obs_shape = envs.single_observation_space.shape
     obs = torch.zeros((args.num_steps, n) + obs_shape, device=device)
     actions = torch.zeros((args.num_steps, n), dtype=torch.long, device=device)
     values = torch.zeros((args.num_steps, n), device=device)
@@ -263,32 +259,35 @@ def main() -> None:
     host_dones[-1] = torch.from_numpy(next_done)
     host_epsilons = torch.zeros(args.num_steps, pin_memory=run.on_cuda)
     staging = torch.zeros((n,) + obs_shape, pin_memory=run.on_cuda)
-    next_obs, rewards, all_dones = staging.to(device), host_rewards.to(device), host_dones.to(device)
+    next_obs = staging.to(device)
+    rewards = host_rewards.to(device)
+    all_dones = host_dones.to(device)
     graphs.fill(next_obs, next_obs_np, staging)
-    epsilons, steps = host_epsilons.to(device), torch.arange(args.num_steps, device=device)
-    num_iterations, preempted = sizes.num_iterations, False
+    epsilons = host_epsilons.to(device)
+    steps = torch.arange(args.num_steps, device=device)
+    num_iterations = sizes.num_iterations
+    preempted = False
     duration = args.exploration_fraction * args.total_timesteps
 
     def policy_step(step):
-        """Epsilon-greedy on `next_obs`, written into rollout row `step` (a tensor: one graph serves every row)."""
-        # ALGO LOGIC: the draws from the rank's own stream, on the device (the unwrapped network: inference must not
-        # go through DDP); epsilon from the GLOBAL step, the rollout's computed on the host (`epsilons`)
+        """Epsilon-greedy on `next_obs`, written into rollout row `step` (a tensor: one graph for all rows)."""
+        # ALGO LOGIC: the rank's own draws; the unwrapped network (inference skips DDP)
         random_actions = torch.randint(0, n_actions, (n,), device=device)
         with torch.no_grad():
             q_max, max_actions = q_network(next_obs).max(dim=1)
         explore = torch.rand(n, device=device) < epsilons[step]
-        values[step], actions[step] = q_max, torch.where(explore, random_actions, max_actions)
+        values[step] = q_max
+        actions[step] = torch.where(explore, random_actions, max_actions)
 
     def lambda_returns():
-        """Q(lambda) returns of this rank's own envs (the rank that stepped them)."""
+        """Q(lambda) returns of this rank's own envs."""
         with torch.no_grad():
             next_value = q_network(next_obs).max(dim=1).values
             dones, next_done = all_dones[:-1], all_dones[-1]
             return q_lambda_returns(rewards, values, dones, next_value, next_done, args.gamma, args.q_lambda)
 
-    # --cudagraphs: each one CUDA graph replay (the update stays eager: RAdam's capturable step computes otherwise
-    # than its eager one)
-    capture = graphs.enabled(args, run)  # only CUDA captures: on the CPU the same functions run eagerly
+    # --cudagraphs: the update stays eager (RAdam's capturable step computes otherwise)
+    capture = graphs.enabled(args, run)  # on CUDA only: the CPU runs the same functions eagerly
     policy_step = graphs.graphed(policy_step, capture)
     lambda_returns = graphs.graphed(lambda_returns, capture)
     rt.open_run(run, sizes, ckpt)
@@ -330,22 +329,18 @@ def main() -> None:
         b_actions = actions.reshape(-1)
         b_returns = returns.reshape(-1)
 
-        # Optimizing the Q-network (the same minibatches, so the same all-reduces, on every rank)
-        td_loss, q_values, num_updates = 0.0, 0.0, 0
+        # Optimizing the Q-network (as many minibatches, so all-reduces, on every rank)
+        td_loss = 0.0
+        q_values = 0.0
+        num_updates = 0
         for _epoch in range(args.update_epochs):
             b_inds = torch.randperm(sizes.local_batch_size, device=device).view(-1, sizes.local_minibatch_size)
             for mb_inds in b_inds:
-                loss, q_mean = update_q_network(
-                    model,
-                    q_network,
-                    optimizer,
-                    obs=b_obs[mb_inds],
-                    actions=b_actions[mb_inds],
-                    returns=b_returns[mb_inds],
-                    args=args,
-                    world_size=world_size,
-                )
-                td_loss, q_values, num_updates = td_loss + loss, q_values + q_mean, num_updates + 1
+                minibatch = [b[mb_inds] for b in (b_obs, b_actions, b_returns)]
+                loss, q_mean = update_q_network(model, q_network, optimizer, *minibatch, args, world_size)
+                td_loss = td_loss + loss
+                q_values = q_values + q_mean
+                num_updates += 1
         update_seconds = time.perf_counter() - update_start
 
         # metrics of ALL ranks, by name in one all-reduce: losses averaged, episodes summed

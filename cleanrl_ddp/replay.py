@@ -1,5 +1,6 @@
-"""One rank's replay memory on the training device, for SAC and TD3 (CleanRL imports SB3's `ReplayBuffer`; this
-one keeps the transitions where the updates read them). Docs: docs/sac_continuous_action_multigpu.md (detail 9)."""
+"""One rank's replay memory (CleanRL imports SB3's `ReplayBuffer`): SAC's and TD3's on the training device, where the
+updates read it (docs/sac_continuous_action_multigpu.md, detail 9); DQN's Atari frames on the host, each stored once
+(docs/dqn_atari_multigpu.md, details 3, 4 and 9)."""
 
 import numpy as np
 import torch
@@ -37,3 +38,62 @@ class ReplayBuffer:
             next_obs=next_obs,
             terminations=terminations.view(-1),
         )
+
+
+class FrameReplayBuffer:
+    """One rank's replay memory: a ring per env, every frame stored once (uint8), stacks rebuilt when sampled.
+
+    Slot t holds the NEWEST frame of step t's observation, its action, clipped reward and `terminated`.
+    `first` marks a reset's observation; `final` a game's last, only the next_obs of the slot before it.
+    """
+
+    def __init__(self, capacity: int, num_envs: int, frame_shape=(84, 84), stack_num: int = 4):
+        self.capacity, self.num_envs, self.stack_num = capacity, num_envs, stack_num
+        self.frames = np.zeros((num_envs, capacity, *frame_shape), dtype=np.uint8)
+        self.actions = np.zeros((num_envs, capacity), dtype=np.uint8)  # ALE has at most 18 actions
+        self.rewards = np.zeros((num_envs, capacity), dtype=np.float32)
+        self.terminated, self.first, self.final = (np.zeros((num_envs, capacity), dtype=bool) for _ in range(3))
+        self.pos, self.size = 0, 0  # pos: the slot written next (the same for every env)
+
+    def add(self, frame, action, reward, terminated, first, final) -> None:
+        """Store one step of every env: arrays of shape [num_envs, ...]."""
+        p = self.pos
+        self.frames[:, p], self.actions[:, p], self.rewards[:, p] = frame, action, reward
+        self.terminated[:, p], self.first[:, p], self.final[:, p] = terminated, first, final
+        self.pos = (p + 1) % self.capacity
+        self.size = min(self.size + 1, self.capacity)
+
+    def stack(self, env_idx: np.ndarray, slot: np.ndarray) -> np.ndarray:
+        """The frame stacks ending at physical `slot` of envs `env_idx`: uint8 [B, stack_num, H, W]."""
+        slots = (slot[:, None] + np.arange(1 - self.stack_num, 1)) % self.capacity  # oldest .. newest
+        first = self.first[env_idx[:, None], slots]
+        # a frame is part of the stack unless an episode starts AFTER it (later in the stack)
+        starts_at_or_after = np.flip(np.cumsum(np.flip(first, 1), 1), 1)
+        keep = (starts_at_or_after - first) == 0
+        return self.frames[env_idx[:, None], slots] * keep[:, :, None, None].astype(np.uint8)
+
+    def transitions(self, env_idx: np.ndarray, slot: np.ndarray) -> dict:
+        """The transitions at physical `slot` of envs `env_idx` (the caller checked they are valid)."""
+        return dict(
+            obs=self.stack(env_idx, slot),
+            actions=self.actions[env_idx, slot].astype(np.int64),
+            rewards=self.rewards[env_idx, slot],
+            next_obs=self.stack(env_idx, (slot + 1) % self.capacity),
+            terminated=self.terminated[env_idx, slot].astype(np.float32),
+        )
+
+    def sample(self, batch_size: int, rng=np.random) -> dict:
+        """Uniform over the valid transitions (`final` slots redrawn); `rng`: a RandomState."""
+        if self.size < 2:
+            raise ValueError("the replay buffer needs at least two steps before sampling")
+        # age 0 is the oldest slot; the newest one has no next_obs yet
+        oldest = self.pos if self.size == self.capacity else 0
+        low = self.stack_num - 1 if self.size == self.capacity else 0  # older stacks are overwritten
+        env_idx = rng.randint(0, self.num_envs, batch_size)
+        slot = (oldest + rng.randint(low, self.size - 1, batch_size)) % self.capacity
+        redraw = self.final[env_idx, slot]
+        while redraw.any():
+            env_idx[redraw] = rng.randint(0, self.num_envs, int(redraw.sum()))
+            slot[redraw] = (oldest + rng.randint(low, self.size - 1, int(redraw.sum()))) % self.capacity
+            redraw = self.final[env_idx, slot]
+        return self.transitions(env_idx, slot)

@@ -1,10 +1,9 @@
-"""SAC for continuous actions (CleanRL's `sac_continuous_action.py`), data-parallel with torch.distributed.
+"""SAC for continuous actions (CleanRL's `sac_continuous_action.py`), data-parallel.
 
-Docs: docs/sac_continuous_action_multigpu.md. Needs MuJoCo: `pip install -e ".[mujoco]"`. Launch it as
-`python cleanrl_ddp/sac_continuous_action_multigpu.py` (1 process), `torchrun --standalone --nproc_per_node=2
-cleanrl_ddp/sac_continuous_action_multigpu.py` (2 processes), or on several nodes or under SLURM as in
-cleanrl_ddp/ppo_multigpu.py. Every rank steps its own envs into its own replay buffer; the gradients of the
-critics, the actor and the entropy temperature are averaged across ranks. Every schedule follows the GLOBAL step.
+Docs: docs/sac_continuous_action_multigpu.md. Needs MuJoCo: `pip install -e ".[mujoco]"`. Launched as
+cleanrl_ddp/ppo_multigpu.py is. Every rank steps its own envs into its own replay buffer; the gradients of
+the critics, the actor and the entropy temperature are averaged across ranks. Every schedule follows the
+GLOBAL step.
 """
 
 import os
@@ -43,15 +42,15 @@ class Args(rt.RunArgs):
     local_num_envs: int = 1
     """the number of parallel environments on each rank"""
     buffer_size: int = 1000000
-    """transitions held by the replay buffers of ALL ranks together (each rank keeps its own share)"""
+    """transitions held by the replay buffers of ALL ranks together (each rank its own share)"""
     gamma: float = 0.99
     """the discount factor gamma"""
     tau: float = 0.005
     """target smoothing coefficient"""
     local_batch_size: int = 256
-    """transitions each rank samples from its own buffer per update (the global batch is the sum over ranks)"""
+    """transitions each rank samples from its own buffer per update"""
     updates_per_iteration: int = 1
-    """updates per iteration (one step of every env of every rank); 1 keeps CleanRL's replay ratio at any world size"""
+    """updates per iteration (one step of all envs of all ranks); 1 keeps CleanRL's replay ratio"""
     learning_starts: int = 5000
     """global step after which updates start (random actions before it)"""
     policy_lr: float = 3e-4
@@ -59,23 +58,23 @@ class Args(rt.RunArgs):
     q_lr: float = 1e-3
     """the learning rate of the Q network optimizer (and of the entropy temperature's)"""
     policy_frequency: int = 2
-    """the actor (and temperature) is trained after every N-th critic update, N times (TD3's delayed update)"""
+    """train the actor (and temperature) N times every N critic updates (TD3's delayed update)"""
     target_network_frequency: int = 1
-    """critic updates between target-network updates (Denis Yarats' implementation delays this by 2)"""
+    """critic updates between target-network updates (Denis Yarats' implementation: 2)"""
     alpha: float = 0.2
     """entropy regularization coefficient (the fixed one, without --autotune)"""
     autotune: bool = True
     """automatic tuning of the entropy coefficient"""
     eval_greedy: bool = True
-    """if toggled, evaluation acts with the squashed mean (deterministic actor); --no-eval-greedy samples"""
+    """if toggled, evaluation acts with the squashed mean; --no-eval-greedy samples"""
     log_every: int = 1000
-    """global steps between logged (all-reduced) metrics; a preemption signal is acted on at these steps"""
+    """global steps between logged (all-reduced) metrics, where a preemption signal stops the run"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
-    """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
+    """how gradients are averaged: DDP, or one all-reduce of all gradients flattened"""
     compile: bool = False
-    """`torch.compile` the losses and their backward: compiles at start; 1.38x with CUDA graphs on an H200"""
+    """`torch.compile` the losses and their backward (docs/gpu.md)"""
     cudagraphs: bool = True
-    """CUDA: each update and the action choice replayed as CUDA graphs (the CPU runs them eagerly)"""
+    """on CUDA, replay the action choice and each update as CUDA graphs"""
 
 
 def make_env(env_id: str, render_mode: Optional[str] = None):
@@ -101,7 +100,7 @@ class SoftQNetwork(nn.Module):
 
 
 class TwinQ(nn.Module):
-    """CleanRL's qf1 and qf2 in one module: one optimizer (as CleanRL's), one DDP wrapper, one all-reduce."""
+    """CleanRL's qf1 and qf2 in one module: one optimizer (as CleanRL's), one DDP, one all-reduce."""
 
     def __init__(self, obs_dim: int, action_dim: int):
         super().__init__()
@@ -129,8 +128,8 @@ class Actor(nn.Module):
         self.register_buffer("action_bias", (high + low) / 2.0)
 
     def forward(self, x, generator: Optional[torch.Generator] = None):
-        """CleanRL's `get_action`, as `forward` so that DDP sees the loss: (sample, its log-prob, squashed mean).
-        The noise comes from `generator` (evaluation) or from torch's per-rank stream."""
+        """CleanRL's `get_action` as `forward`, which DDP hooks: (sample, its log-prob, squashed
+        mean); the noise from `generator` (evaluation) or torch's per-rank stream."""
         x = F.relu(self.fc1(x))
         x = F.relu(self.fc2(x))
         mean = self.fc_mean(x)
@@ -150,7 +149,7 @@ class Actor(nn.Module):
 
 
 def eval_action(actor: Actor, obs, greedy: bool, generator, args: Args):
-    """Evaluation's actions (cleanrl_ddp/evals.py): the deterministic actor's, or sampled with `generator`."""
+    """Evaluation's actions (cleanrl_ddp/evals.py): the deterministic actor's, or sampled."""
     sampled, _, deterministic = actor(obs.float(), generator)
     return deterministic if greedy else sampled
 
@@ -187,14 +186,14 @@ def derive_sizes(args: Args, world_size: int) -> Sizes:
         num_envs=num_envs,
         batch_size=args.local_batch_size * world_size,
         num_iterations=num_iterations,
-        local_buffer_size=args.buffer_size // world_size,  # rounded down: all ranks hold at most --buffer-size
+        local_buffer_size=args.buffer_size // world_size,  # rounded down: at most --buffer-size
         updates_per_env_step=args.updates_per_iteration / num_envs,
         replay_ratio=args.updates_per_iteration * args.local_batch_size * world_size / num_envs,
     )
 
 
 def critic_loss(qf_model, qf_target, actor, obs, actions, rewards, next_obs, terminations, alpha, gamma: float):
-    """The twin soft-Q values and losses of one local batch: (qf1 values, qf2 values, qf1 loss, qf2 loss)."""
+    """The twin soft-Q values and losses of one local batch: qf1 and qf2 values, qf1 and qf2 loss."""
     with torch.no_grad():
         next_state_actions, next_state_log_pi, _ = actor(next_obs)
         qf1_next_target, qf2_next_target = qf_target(next_obs, next_state_actions)
@@ -207,14 +206,14 @@ def critic_loss(qf_model, qf_target, actor, obs, actions, rewards, next_obs, ter
 
 
 def policy_loss(actor_model, qf, obs, alpha):
-    """The actor's loss of one local batch (`actor_model` may be DDP-wrapped; `qf` unwrapped, frozen)."""
+    """The actor's loss of one local batch (`actor_model` may be DDP; `qf` unwrapped, frozen)."""
     pi, log_pi, _ = actor_model(obs)
     qf1_pi, qf2_pi = qf(obs, pi)
     return ((alpha * log_pi.view(-1)) - torch.min(qf1_pi, qf2_pi)).mean()
 
 
 def temperature_loss(actor, log_alpha, obs, target_entropy: float):
-    """The entropy temperature's loss of one local batch, from the updated actor's log-probabilities."""
+    """The entropy temperature's loss of one local batch, from the updated actor's log-probs."""
     with torch.no_grad():
         _, log_pi, _ = actor(obs)
     return (-log_alpha.exp() * (log_pi + target_entropy)).mean()
@@ -222,13 +221,13 @@ def temperature_loss(actor, log_alpha, obs, target_entropy: float):
 
 @torch.no_grad()
 def soft_update(nets, targets, tau: float) -> None:
-    """Polyak-average `targets` towards `nets` (tau x online + (1 - tau) x target) in one foreach lerp."""
+    """Polyak-average `targets` towards `nets` (tau x online + (1 - tau) x target): one lerp."""
     online = [p for net in nets for p in net.parameters()]
     torch._foreach_lerp_([p for target in targets for p in target.parameters()], online, tau)
 
 
 def all_reduce_gradients_flat(params, world_size: int) -> None:
-    """Average gradients over ranks: one all-reduce of a flat buffer, not DDP (entity-neural-network/incubator#220)."""
+    """Average gradients over ranks in one flat all-reduce (entity-neural-network/incubator#220)."""
     if world_size == 1:
         return
     grads = [p.grad for p in params]
@@ -244,15 +243,16 @@ def all_reduce_gradients_flat(params, world_size: int) -> None:
 def main() -> None:
     args = tyro.cli(Args)
     run = rt.start(args, SCRIPT)
-    sac_state = ("actor", "qf", "qf_target", "actor_optimizer", "q_optimizer", "a_optimizer", "log_alpha")
-    args, ckpt = rt.load_run(run, args, required=(*sac_state, "agent_kwargs", "num_updates", "num_actor_updates"))
+    required = ("actor", "qf", "qf_target", "actor_optimizer", "q_optimizer", "a_optimizer", "log_alpha")
+    required += ("agent_kwargs", "num_updates", "num_actor_updates")
+    args, ckpt = rt.load_run(run, args, required=required)
     rank, world_size, device = run.rank, run.world_size, run.device
     rt.check_env(args.env_id, make_env, gym.spaces.Box, hint="try Hopper-v5, HalfCheetah-v5 or Pendulum-v1")
     sizes = derive_sizes(args, world_size)
-    capture = graphs.enabled(args, run)  # --cudagraphs on CUDA: on the CPU the same functions run eagerly
+    capture = graphs.enabled(args, run)  # on CUDA only: the CPU runs the same functions eagerly
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = ckpt["global_step"] if ckpt else 0
-    # the replay buffers are not saved: a resumed run refills them first, acting with the resumed actor
+    # the replay buffers are not saved: a resumed run refills them, acting with the resumed actor
     train_start = args.learning_starts + global_step
     if ckpt and run.is_main:
         print(f"  updates restart at global step {train_start} (buffer refill)", flush=True)
@@ -271,16 +271,17 @@ def main() -> None:
     # plain lists: checkpoints hold data only
     agent_kwargs = dict(obs_dim=obs_dim, action_dim=action_dim, action_low=action_low.tolist())
     agent_kwargs["action_high"] = action_high.tolist()
-    actor, qf = Actor(**agent_kwargs).to(device), TwinQ(obs_dim, action_dim).to(device)
-    if world_size > 1:  # the same start whichever --grad-sync is used
+    actor = Actor(**agent_kwargs).to(device)
+    qf = TwinQ(obs_dim, action_dim).to(device)
+    if world_size > 1:  # the same start on either --grad-sync
         for tensor in [*actor.state_dict().values(), *qf.state_dict().values()]:
             dist.broadcast(tensor, src=0)
     qf_target = TwinQ(obs_dim, action_dim).to(device)
     qf_target.load_state_dict(qf.state_dict())  # a copy of the synchronised critics
-    # fused: one kernel per step for all parameters; the learning rates tensors, as a captured step reads them
+    # fused: one kernel per step; the learning rates tensors that a captured step reads
     q_optimizer = graphs.optimizer(optim.Adam, qf.parameters(), args.q_lr, device, fused=True)
     actor_optimizer = graphs.optimizer(optim.Adam, actor.parameters(), args.policy_lr, device, fused=True)
-    # Automatic entropy tuning (log_alpha starts at 0 on every rank; with --no-autotune it stays unused)
+    # Automatic entropy tuning (log_alpha starts at 0 on every rank; unused with --no-autotune)
     target_entropy = -float(action_dim)
     log_alpha = torch.zeros(1, requires_grad=True, device=device)
     a_optimizer = graphs.optimizer(optim.Adam, [log_alpha], args.q_lr, device, fused=True)
@@ -296,16 +297,16 @@ def main() -> None:
         with torch.no_grad():
             log_alpha.copy_(ckpt["log_alpha"])
         rt.resume_rng(run, ckpt, args.seed)
-    # gradients allocated once: backward accumulates into them, never into CUDA-graph memory (--compile)
+    # gradients allocated once, outside graph memory: backward adds to them
     for p in [*qf.parameters(), *actor.parameters(), log_alpha]:
         p.grad = torch.zeros_like(p)
-    # alpha stays a tensor on the device: reading it on the host would make every actor update wait
+    # alpha stays on the device: a host read would make every actor update wait
     alpha = log_alpha.detach().exp() if args.autotune else torch.full((1,), args.alpha, device=device)
     ddp = world_size > 1 and args.grad_sync == "ddp"
-    # the actor's buffers (action scale and bias) are constants, equal on every rank: no broadcast per forward
+    # the actor's buffers are constants, equal on every rank: no broadcast per forward
     actor_model = DDP(actor, broadcast_buffers=False) if ddp else actor
     qf_model = DDP(qf) if ddp else qf
-    # --compile: the losses and (AOTAutograd) their backward; CUDA graphs hold them (reduce-overhead) or the updates
+    # --compile: the losses and their backward; with --cudagraphs the updates' graphs hold them
     compile_mode = "reduce-overhead" if run.on_cuda and not capture else None
     losses = (critic_loss, policy_loss, temperature_loss)
     critic_loss_fn, policy_loss_fn, temperature_loss_fn = (
@@ -332,7 +333,7 @@ def main() -> None:
         qf.requires_grad_(True)
         actor_optimizer.zero_grad(set_to_none=False)
         actor_loss.backward()
-        return actor_loss.detach().clone()  # a copy: under CUDA graphs the next compiled call reuses its memory
+        return actor_loss.detach().clone()  # a copy: a compiled graph's next call reuses its memory
 
     def actor_step():
         actor_optimizer.step()
@@ -351,13 +352,14 @@ def main() -> None:
     def update_targets():
         soft_update([qf], [qf_target], args.tau)
 
-    # --cudagraphs: each one CUDA graph replay. No collective runs inside a graph: across ranks each backward (eager
-    # under DDP, which all-reduces inside it) and each step are graphed apart, around the all-reduces
-    act = graphs.graphed(lambda obs: actor(obs)[0], capture)  # the unwrapped actor: acting is not through DDP
+    # --cudagraphs: no collective inside a graph, so across ranks each backward (eager under DDP,
+    # which all-reduces in it) and each step are graphed apart, around the all-reduces
+    act = graphs.graphed(lambda obs: actor(obs)[0], capture)  # unwrapped: acting skips DDP
     update_targets = graphs.graphed(update_targets, capture)
     critic_backward = graphs.graphed(critic_backward, capture and flat)
     actor_backward = graphs.graphed(actor_backward, capture and flat)
-    temperature_backward = graphs.graphed(temperature_backward, capture and world_size > 1)  # log_alpha: no DDP
+    # log_alpha has no DDP wrapper: its backward is captured across ranks too
+    temperature_backward = graphs.graphed(temperature_backward, capture and world_size > 1)
     critic_step = graphs.graphed(critic_step, capture and world_size > 1)
     actor_step = graphs.graphed(actor_step, capture and world_size > 1)
     temperature_step = graphs.graphed(temperature_step, capture and world_size > 1)
@@ -386,9 +388,9 @@ def main() -> None:
     update_critics = graphs.graphed(update_critics, capture and world_size == 1)
     update_actor = graphs.graphed(update_actor, capture and world_size == 1)
 
-    # the envs are not saved: a resumed run seeds them past the earlier attempts' seeds
+    # the envs are not saved: a resumed run seeds them past the seeds used before
     obs, _ = envs.reset(seed=args.seed + rank * n + (start_iteration - 1) * sizes.num_envs)
-    # the replay buffer lives on the training device, sampled there by this rank's own generator
+    # the replay buffer lives on the training device, sampled by this rank's own generator
     sample_seed = rt.rank_seed(args.seed, rank, start_iteration)
     rb = replay.ReplayBuffer(sizes.local_buffer_size, obs_dim, action_dim, device, sample_seed)
     episodes = rt.Episodes(n)
@@ -396,7 +398,8 @@ def main() -> None:
     loss_names = ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss", "actor_loss", "alpha_loss")
     sums = dict.fromkeys(("updates", "actor_updates", *loss_names), 0.0)
     update_seconds = 0.0  # rank 0's, per log interval
-    num_iterations, preempted = sizes.num_iterations, False
+    num_iterations = sizes.num_iterations
+    preempted = False
     rt.open_run(run, sizes, ckpt)
 
     for iteration in range(start_iteration, num_iterations + 1):
@@ -416,7 +419,7 @@ def main() -> None:
         done = terminations | truncations
         episodes.step(rewards, done)
 
-        # TRY NOT TO MODIFY: save data to the replay buffer; an ended episode's next_obs is its final one
+        # TRY NOT TO MODIFY: save data to the replay buffer; handle `final_obs`
         real_next_obs = next_obs.copy()
         if done.any():  # SAME_STEP autoreset: next_obs is already the reset observation
             real_next_obs[done] = np.stack(infos["final_obs"][done])
@@ -435,11 +438,12 @@ def main() -> None:
                     sums[k] += v.double()
 
                 if num_updates % args.policy_frequency == 0:  # TD3's delayed update
-                    for _ in range(args.policy_frequency):  # compensate for the delay with as many actor updates
+                    for _ in range(args.policy_frequency):  # compensate for the delay
                         actor_stats = update_actor(data["obs"])
                         num_actor_updates += 1
                         sums["actor_updates"] += 1
-                        for k, v in zip(loss_names[4:], actor_stats, strict=False):  # no alpha_loss if --no-autotune
+                        # no alpha_loss with --no-autotune
+                        for k, v in zip(loss_names[4:], actor_stats, strict=False):
                             sums[k] += v.double()
 
                 if num_updates % args.target_network_frequency == 0:
@@ -450,7 +454,7 @@ def main() -> None:
         last = iteration == num_iterations
         logging = bool(rt.steps_crossed(prev_step, global_step, args.log_every)) or last
         if logging:
-            # alpha (equal on every rank) rides in the same all-reduce: one read of the device per logged step
+            # alpha (equal on every rank) rides in the all-reduce: one device read per logged step
             m = rt.all_sum(run, sums | episodes.take() | dict(alpha=alpha[0]))
             sums = dict.fromkeys(sums, 0.0)
             scalars = {"losses/alpha": m["alpha"] / world_size, "charts/updates": num_updates}
@@ -464,13 +468,14 @@ def main() -> None:
                 scalars |= {f"losses/{k}": m[k] / m["actor_updates"] for k in actor_losses}
             rt.log(run, global_step, scalars, m)
             update_seconds = 0.0
-        if rt.steps_crossed(prev_step, global_step, args.sync_check_every):  # targets and temperature too
+        if rt.steps_crossed(prev_step, global_step, args.sync_check_every):  # targets, temperature too
             rt.check_replicas_in_sync(f"iteration {iteration}", world_size, *learned.values(), log_alpha)
         reached = evals.evaluate(run, actor, eval_action, make_env, prev_step, global_step)
 
-        preempted = logging and rt.preempted(run)  # the vote, on logged steps only: every rank stops there
+        preempted = logging and rt.preempted(run)  # the vote, on logged steps only
         if last or preempted or reached or rt.steps_crossed(prev_step, global_step, args.checkpoint_every):
-            state = {key: obj.state_dict() for key, obj in learned.items()} | dict(log_alpha=log_alpha.detach().cpu())
+            state = {key: obj.state_dict() for key, obj in learned.items()}
+            state["log_alpha"] = log_alpha.detach().cpu()
             state |= dict(agent_kwargs=agent_kwargs, num_updates=num_updates, num_actor_updates=num_actor_updates)
             rt.save_checkpoint(run, iteration, global_step, None, **state)
         if preempted or reached:

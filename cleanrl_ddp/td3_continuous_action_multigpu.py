@@ -1,10 +1,8 @@
-"""TD3 for continuous actions (CleanRL's `td3_continuous_action.py`), data-parallel with torch.distributed.
+"""TD3 for continuous actions (CleanRL's `td3_continuous_action.py`), data-parallel.
 
-Docs: docs/td3_continuous_action_multigpu.md. Needs MuJoCo: `pip install -e ".[mujoco]"`. Launch it as
-`python cleanrl_ddp/td3_continuous_action_multigpu.py` (1 process), `torchrun --standalone --nproc_per_node=2
-cleanrl_ddp/td3_continuous_action_multigpu.py` (2 processes), or on several nodes or under SLURM as in
-cleanrl_ddp/ppo_multigpu.py. Every rank steps its own envs into its own replay buffer; the gradients of the
-critics and the actor are averaged across ranks. Every schedule follows the GLOBAL step.
+Docs: docs/td3_continuous_action_multigpu.md. Needs MuJoCo: `pip install -e ".[mujoco]"`. Launched as
+cleanrl_ddp/ppo_multigpu.py is. Every rank steps its own envs into its own replay buffer; the gradients of
+the critics and the actor are averaged across ranks. Every schedule follows the GLOBAL step.
 """
 
 import os
@@ -45,15 +43,15 @@ class Args(rt.RunArgs):
     local_num_envs: int = 1
     """the number of parallel environments on each rank"""
     buffer_size: int = 1000000
-    """transitions held by the replay buffers of ALL ranks together (each rank keeps its own share)"""
+    """transitions held by the replay buffers of ALL ranks together (each rank its own share)"""
     gamma: float = 0.99
     """the discount factor gamma"""
     tau: float = 0.005
     """target smoothing coefficient"""
     local_batch_size: int = 256
-    """transitions each rank samples from its own buffer per update (the global batch is the sum over ranks)"""
+    """transitions each rank samples from its own buffer per update"""
     updates_per_iteration: int = 1
-    """updates per iteration (one step of every env of every rank); 1 keeps CleanRL's replay ratio at any world size"""
+    """updates per iteration (one step of all envs of all ranks); 1 keeps CleanRL's replay ratio"""
     policy_noise: float = 0.2
     """the scale of the target policy smoothing noise (times the action scale)"""
     exploration_noise: float = 0.1
@@ -61,19 +59,19 @@ class Args(rt.RunArgs):
     learning_starts: int = 25000
     """global step after which updates start (random actions before it)"""
     policy_frequency: int = 2
-    """the actor and the target networks are updated after every N-th critic update (TD3's delayed update)"""
+    """update the actor and the target networks every N critic updates (TD3's delayed update)"""
     noise_clip: float = 0.5
-    """the target policy smoothing noise is clipped to [-noise_clip, noise_clip] (times the action scale)"""
+    """the target policy smoothing noise is clipped to [-noise_clip, noise_clip] (x action scale)"""
     eval_greedy: bool = True
-    """if toggled, evaluation acts with the actor alone; --no-eval-greedy adds the exploration noise"""
+    """if toggled, evaluation acts with the actor alone; --no-eval-greedy adds exploration noise"""
     log_every: int = 1000
-    """global steps between logged (all-reduced) metrics; a preemption signal is acted on at these steps"""
+    """global steps between logged (all-reduced) metrics, where a preemption signal stops the run"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
-    """how gradients are averaged: DistributedDataParallel, or one all-reduce of all gradients flattened"""
+    """how gradients are averaged: DDP, or one all-reduce of all gradients flattened"""
     compile: bool = False
-    """`torch.compile` the losses and their backward: compiles at start; 1.18x with CUDA graphs on an H200"""
+    """`torch.compile` the losses and their backward (docs/gpu.md)"""
     cudagraphs: bool = True
-    """CUDA: each update and the action choice replayed as CUDA graphs (the CPU runs them eagerly)"""
+    """on CUDA, replay the action choice and each update as CUDA graphs"""
 
 
 def make_env(env_id: str, render_mode: Optional[str] = None):
@@ -99,7 +97,7 @@ class QNetwork(nn.Module):
 
 
 class TwinQ(nn.Module):
-    """CleanRL's qf1 and qf2 in one module: one optimizer (as CleanRL's), one DDP wrapper, one all-reduce."""
+    """CleanRL's qf1 and qf2 in one module: one optimizer (as CleanRL's), one DDP, one all-reduce."""
 
     def __init__(self, obs_dim: int, action_dim: int):
         super().__init__()
@@ -129,8 +127,7 @@ class Actor(nn.Module):
 
 
 def eval_action(actor: Actor, obs, greedy: bool, generator, args: Args):
-    """Evaluation's actions (cleanrl_ddp/evals.py): the actor's, plus the exploration noise (as CleanRL's
-    td3_eval) unless `greedy`."""
+    """Evaluation's actions (cleanrl_ddp/evals.py): the actor's, plus exploration noise unless `greedy`."""
     action = actor(obs.float())
     if not greedy:
         noise = torch.randn(action.shape, generator=generator, device=action.device)
@@ -170,14 +167,14 @@ def derive_sizes(args: Args, world_size: int) -> Sizes:
         num_envs=num_envs,
         batch_size=args.local_batch_size * world_size,
         num_iterations=num_iterations,
-        local_buffer_size=args.buffer_size // world_size,  # rounded down: all ranks hold at most --buffer-size
+        local_buffer_size=args.buffer_size // world_size,  # rounded down: at most --buffer-size
         updates_per_env_step=args.updates_per_iteration / num_envs,
         replay_ratio=args.updates_per_iteration * args.local_batch_size * world_size / num_envs,
     )
 
 
 def critic_loss(qf_model, qf_target, target_actor, obs, actions, rewards, next_obs, terminations, args: Args):
-    """The twin Q values and losses of one local batch: (qf1 values, qf2 values, qf1 loss, qf2 loss). The
+    """The twin Q values and losses of one local batch: qf1 and qf2 values, qf1 and qf2 loss. The
     target policy smoothing noise comes from this rank's torch stream."""
     with torch.no_grad():
         noise = torch.randn(actions.shape, device=actions.device) * args.policy_noise
@@ -195,20 +192,20 @@ def critic_loss(qf_model, qf_target, target_actor, obs, actions, rewards, next_o
 
 
 def policy_loss(actor_model, qf, obs):
-    """The actor's loss of one local batch, through the first critic (`qf` unwrapped, frozen by the caller)."""
+    """The actor's loss of one local batch, through the first critic (`qf` unwrapped, frozen)."""
     qf1_pi = qf.qf1(obs, actor_model(obs))
     return -qf1_pi.mean()
 
 
 @torch.no_grad()
 def soft_update(nets, targets, tau: float) -> None:
-    """Polyak-average `targets` towards `nets` (tau x online + (1 - tau) x target) in one foreach lerp."""
+    """Polyak-average `targets` towards `nets` (tau x online + (1 - tau) x target): one lerp."""
     online = [p for net in nets for p in net.parameters()]
     torch._foreach_lerp_([p for target in targets for p in target.parameters()], online, tau)
 
 
 def all_reduce_gradients_flat(params, world_size: int) -> None:
-    """Average gradients over ranks: one all-reduce of a flat buffer, not DDP (entity-neural-network/incubator#220)."""
+    """Average gradients over ranks in one flat all-reduce (entity-neural-network/incubator#220)."""
     if world_size == 1:
         return
     grads = [p.grad for p in params]
@@ -224,15 +221,16 @@ def all_reduce_gradients_flat(params, world_size: int) -> None:
 def main() -> None:
     args = tyro.cli(Args)
     run = rt.start(args, SCRIPT)
-    td3_state = ("actor", "target_actor", "qf", "qf_target", "actor_optimizer", "q_optimizer")
-    args, ckpt = rt.load_run(run, args, required=(*td3_state, "agent_kwargs", "num_updates", "num_actor_updates"))
+    required = ("actor", "target_actor", "qf", "qf_target", "actor_optimizer", "q_optimizer")
+    required += ("agent_kwargs", "num_updates", "num_actor_updates")
+    args, ckpt = rt.load_run(run, args, required=required)
     rank, world_size, device = run.rank, run.world_size, run.device
     rt.check_env(args.env_id, make_env, gym.spaces.Box, hint="try Hopper-v5, HalfCheetah-v5 or Pendulum-v1")
     sizes = derive_sizes(args, world_size)
-    capture = graphs.enabled(args, run)  # --cudagraphs on CUDA: on the CPU the same functions run eagerly
+    capture = graphs.enabled(args, run)  # on CUDA only: the CPU runs the same functions eagerly
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = ckpt["global_step"] if ckpt else 0
-    # the replay buffers are not saved: a resumed run refills them first, acting with the resumed actor
+    # the replay buffers are not saved: a resumed run refills them, acting with the resumed actor
     train_start = args.learning_starts + global_step
     if ckpt and run.is_main:
         print(f"  updates restart at global step {train_start} (buffer refill)", flush=True)
@@ -251,14 +249,16 @@ def main() -> None:
     # plain lists: checkpoints hold data only
     agent_kwargs = dict(obs_dim=obs_dim, action_dim=action_dim, action_low=action_low.tolist())
     agent_kwargs["action_high"] = action_high.tolist()
-    actor, qf = Actor(**agent_kwargs).to(device), TwinQ(obs_dim, action_dim).to(device)
-    if world_size > 1:  # the same start whichever --grad-sync is used
+    actor = Actor(**agent_kwargs).to(device)
+    qf = TwinQ(obs_dim, action_dim).to(device)
+    if world_size > 1:  # the same start on either --grad-sync
         for tensor in [*actor.state_dict().values(), *qf.state_dict().values()]:
             dist.broadcast(tensor, src=0)
-    target_actor, qf_target = Actor(**agent_kwargs).to(device), TwinQ(obs_dim, action_dim).to(device)
+    target_actor = Actor(**agent_kwargs).to(device)
+    qf_target = TwinQ(obs_dim, action_dim).to(device)
     target_actor.load_state_dict(actor.state_dict())  # copies of the synchronised networks
     qf_target.load_state_dict(qf.state_dict())
-    # fused: one kernel per step for all parameters; the learning rates tensors, as a captured step reads them
+    # fused: one kernel per step; the learning rates tensors that a captured step reads
     q_optimizer = graphs.optimizer(optim.Adam, qf.parameters(), args.learning_rate, device, fused=True)
     actor_optimizer = graphs.optimizer(optim.Adam, actor.parameters(), args.learning_rate, device, fused=True)
     rt.seed_everything(rt.rank_seed(args.seed, rank))
@@ -271,14 +271,14 @@ def main() -> None:
         for key, obj in learned.items():
             obj.load_state_dict(ckpt[key])
         rt.resume_rng(run, ckpt, args.seed)
-    # gradients allocated once: backward accumulates into them, never into CUDA-graph memory (--compile)
+    # gradients allocated once, outside graph memory: backward adds to them
     for p in [*qf.parameters(), *actor.parameters()]:
         p.grad = torch.zeros_like(p)
     ddp = world_size > 1 and args.grad_sync == "ddp"
-    # the actor's buffers (action scale and bias) are constants, equal on every rank: no broadcast per forward
+    # the actor's buffers are constants, equal on every rank: no broadcast per forward
     actor_model = DDP(actor, broadcast_buffers=False) if ddp else actor
     qf_model = DDP(qf) if ddp else qf
-    # --compile: the losses and (AOTAutograd) their backward; CUDA graphs hold them (reduce-overhead) or the updates
+    # --compile: the losses and their backward; with --cudagraphs the updates' graphs hold them
     compile_mode = "reduce-overhead" if run.on_cuda and not capture else None
     critic_loss_fn, policy_loss_fn = (
         torch.compile(f, mode=compile_mode) if args.compile else f for f in (critic_loss, policy_loss)
@@ -310,9 +310,9 @@ def main() -> None:
         actor_optimizer.step()
         soft_update([actor, qf], [target_actor, qf_target], args.tau)
 
-    # --cudagraphs: each one CUDA graph replay. No collective runs inside a graph: across ranks each backward (eager
-    # under DDP, which all-reduces inside it) and each step are graphed apart, around the all-reduce
-    # the exploring action is evaluation's sampled one: the unwrapped actor (acting is not through DDP) plus noise
+    # --cudagraphs: no collective inside a graph, so across ranks each backward (eager under DDP,
+    # which all-reduces in it) and each step are graphed apart, around the all-reduce
+    # the exploring action is evaluation's sampled one: the unwrapped actor (acting skips DDP) plus noise
     act = graphs.graphed(lambda obs: eval_action(actor, obs, False, None, args), capture)
     critic_backward = graphs.graphed(critic_backward, capture and flat)
     actor_backward = graphs.graphed(actor_backward, capture and flat)
@@ -337,9 +337,9 @@ def main() -> None:
     update_critics = graphs.graphed(update_critics, capture and world_size == 1)
     update_actor = graphs.graphed(update_actor, capture and world_size == 1)
 
-    # the envs are not saved: a resumed run seeds them past the earlier attempts' seeds
+    # the envs are not saved: a resumed run seeds them past the seeds used before
     obs, _ = envs.reset(seed=args.seed + rank * n + (start_iteration - 1) * sizes.num_envs)
-    # the replay buffer lives on the training device, sampled there by this rank's own generator
+    # the replay buffer lives on the training device, sampled by this rank's own generator
     sample_seed = rt.rank_seed(args.seed, rank, start_iteration)
     rb = replay.ReplayBuffer(sizes.local_buffer_size, obs_dim, action_dim, device, sample_seed)
     episodes = rt.Episodes(n)
@@ -347,7 +347,8 @@ def main() -> None:
     loss_names = ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss")
     sums = dict.fromkeys(("updates", "actor_updates", *loss_names, "actor_loss"), 0.0)
     update_seconds = 0.0  # rank 0's, per log interval
-    num_iterations, preempted = sizes.num_iterations, False
+    num_iterations = sizes.num_iterations
+    preempted = False
     rt.open_run(run, sizes, ckpt)
 
     for iteration in range(start_iteration, num_iterations + 1):
@@ -360,14 +361,15 @@ def main() -> None:
         else:
             with torch.no_grad():  # the noise from this rank's stream
                 actions = act(rt.to_device(obs, device, dtype=torch.float32))
-            actions = actions.cpu().numpy().clip(action_low, action_high)  # the one wait for the device per env step
+            # the one wait for the device per env step
+            actions = actions.cpu().numpy().clip(action_low, action_high)
 
         # TRY NOT TO MODIFY: execute the game and log data.
         next_obs, rewards, terminations, truncations, infos = envs.step(actions)
         done = terminations | truncations
         episodes.step(rewards, done)
 
-        # TRY NOT TO MODIFY: save data to the replay buffer; an ended episode's next_obs is its final one
+        # TRY NOT TO MODIFY: save data to the replay buffer; handle `final_obs`
         real_next_obs = next_obs.copy()
         if done.any():  # SAME_STEP autoreset: next_obs is already the reset observation
             real_next_obs[done] = np.stack(infos["final_obs"][done])
@@ -385,7 +387,7 @@ def main() -> None:
                 for k, v in zip(loss_names, critic_stats, strict=True):
                     sums[k] += v.double()
 
-                if num_updates % args.policy_frequency == 0:  # TD3's delayed update, then the target networks
+                if num_updates % args.policy_frequency == 0:  # TD3's delayed update, then the targets
                     actor_loss = update_actor(data["obs"])
                     num_actor_updates += 1
                     sums["actor_updates"] += 1
@@ -396,7 +398,8 @@ def main() -> None:
         last = iteration == num_iterations
         logging = bool(rt.steps_crossed(prev_step, global_step, args.log_every)) or last
         if logging:
-            m, sums = rt.all_sum(run, sums | episodes.take()), dict.fromkeys(sums, 0.0)
+            m = rt.all_sum(run, sums | episodes.take())
+            sums = dict.fromkeys(sums, 0.0)
             scalars = {"charts/updates": num_updates, "charts/actor_updates": num_actor_updates}
             scalars["perf/update_seconds"] = update_seconds
             if m["updates"]:  # no losses in an interval without updates
@@ -406,11 +409,11 @@ def main() -> None:
                 scalars["losses/actor_loss"] = m["actor_loss"] / m["actor_updates"]
             rt.log(run, global_step, scalars, m)
             update_seconds = 0.0
-        if rt.steps_crossed(prev_step, global_step, args.sync_check_every):  # the target networks too
+        if rt.steps_crossed(prev_step, global_step, args.sync_check_every):  # target networks too
             rt.check_replicas_in_sync(f"iteration {iteration}", world_size, *learned.values())
         reached = evals.evaluate(run, actor, eval_action, make_env, prev_step, global_step)
 
-        preempted = logging and rt.preempted(run)  # the vote, on logged steps only: every rank stops there
+        preempted = logging and rt.preempted(run)  # the vote, on logged steps only
         if last or preempted or reached or rt.steps_crossed(prev_step, global_step, args.checkpoint_every):
             state = {key: obj.state_dict() for key, obj in learned.items()}
             state |= dict(agent_kwargs=agent_kwargs, num_updates=num_updates, num_actor_updates=num_actor_updates)

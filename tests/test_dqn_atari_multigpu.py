@@ -11,7 +11,8 @@ import torch
 from helpers import main_error, main_output, only_run_dir, read_scalars
 
 from cleanrl_ddp.atari import ale_game
-from cleanrl_ddp.dqn_atari_multigpu import Args, FrameReplayBuffer, derive_sizes, life_lost, linear_schedule, td_loss
+from cleanrl_ddp.dqn_atari_multigpu import Args, derive_sizes, life_lost, linear_schedule, td_loss
+from cleanrl_ddp.replay import FrameReplayBuffer
 
 SCRIPT = "dqn_atari_multigpu.py"
 # 2 envs per rank; updates every 8 global steps after step 100, a target sync every 64 global steps
