@@ -1,5 +1,6 @@
 """Launch scripts through their real command lines and read what they wrote (shared by all tests)."""
 
+import hashlib
 import importlib
 import json
 import os
@@ -146,6 +147,10 @@ def free_port() -> int:
 
 def run_dirs(runs_dir) -> list[Path]:
     return sorted(p for p in Path(runs_dir).iterdir() if p.is_dir())
+
+
+def file_sha256(path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def only_run_dir(runs_dir) -> Path:

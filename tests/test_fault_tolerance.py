@@ -9,7 +9,6 @@ as a whole script once, against ppo_multigpu.py. Only what goes through a script
 other scripts too: SIGTERM and --resume, and the exact resume of the scripts whose envs pickle (SCRIPTS, EXACT).
 """
 
-import hashlib
 import importlib.util
 import os
 import re
@@ -20,6 +19,7 @@ import socket
 import subprocess
 import sys
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +32,7 @@ from helpers import (
     batch_job,
     batch_output,
     child_pids,
+    file_sha256,
     finish,
     free_port,
     launch,
@@ -45,6 +46,7 @@ from helpers import (
 )
 
 PIPES = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+load = partial(torch.load, map_location="cpu", weights_only=True)  # a checkpoint, as data
 ELASTIC_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # see docs/runtime.md, elastic restarts
 
 
@@ -187,17 +189,8 @@ def sigterm_iterations(script: Script) -> int:
     return {SAC: 60, TD3: 60, ATARI: 20, ASYNC: 20, PQN_ATARI: 20}.get(script, 40)
 
 
-def load(path) -> dict:
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def sha256(path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 def first_checkpoint(runs_dir):
-    found = list(Path(runs_dir).glob("*/checkpoint.pt"))
-    return found[0] if found else None
+    return next(Path(runs_dir).glob("*/checkpoint.pt"), None)
 
 
 def events_past_checkpoint(runs_dir) -> bool:
@@ -279,8 +272,7 @@ def listening(port: int) -> bool:
 
 
 def checkpoint_world_size(runs_dir) -> int:
-    path = first_checkpoint(runs_dir)
-    return load(path)["world_size"] if path else 0
+    return load(first_checkpoint(runs_dir))["world_size"] if first_checkpoint(runs_dir) else 0
 
 
 def signal_pending(pid: int, signum: int) -> bool:
@@ -620,12 +612,12 @@ def test_bad_checkpoint_is_one_line_and_left_untouched(tmp_path, monkeypatch, fi
     run_dir.mkdir()
     ckpt = run_dir / "checkpoint.pt"
     env_id = corrupt(kind, finished_runs(script) / "checkpoint.pt", ckpt, script)
-    before = sha256(ckpt)
+    before = file_sha256(ckpt)
     resume = tmp_path / "nowhere" if kind == "missing" else run_dir
     more = sigterm_iterations(script) + 3  # than the finished run: a resume that would train on
     args = script.args(more, tmp_path / "runs", "--resume", resume, nproc=0, env_id=env_id)
     assert re.search(pattern, main_error(monkeypatch, script.name, *args))
-    assert sha256(ckpt) == before and sorted(os.listdir(run_dir)) == ["checkpoint.pt"]
+    assert file_sha256(ckpt) == before and sorted(os.listdir(run_dir)) == ["checkpoint.pt"]
 
 
 def global_sizes(ckpt: dict) -> dict:
@@ -646,14 +638,14 @@ def test_resume_that_cannot_keep_the_global_batch_is_one_line(
 ):
     run_dir = tmp_path / "run"
     shutil.copytree(finished_runs(PPO), run_dir)
-    before = sha256(run_dir / "checkpoint.pt")
+    before = file_sha256(run_dir / "checkpoint.pt")
     if nproc:
         assert_one_line_error(
             launch(PPO.name, ["--resume", run_dir, *flags], nproc=nproc, timeout=120), pattern, PPO.name
         )
     else:  # in this process
         assert re.search(pattern, main_error(monkeypatch, PPO.name, "--resume", run_dir, *flags))
-    assert sha256(run_dir / "checkpoint.pt") == before
+    assert file_sha256(run_dir / "checkpoint.pt") == before
 
 
 def test_unwritable_run_directory_is_one_line(tmp_path):
@@ -674,7 +666,7 @@ def test_full_disk_while_saving_keeps_the_previous_checkpoint(tmp_path, finished
     run_dir = tmp_path / "run"
     shutil.copytree(finished_runs(script), run_dir)
     ckpt = run_dir / "checkpoint.pt"
-    before = sha256(ckpt)
+    before = file_sha256(ckpt)
     limit = ckpt.stat().st_size // 2  # room for event files, not for a checkpoint
 
     def small_disk():  # runs in the child: Python ignores SIGXFSZ, so writes past the limit raise EFBIG
@@ -687,7 +679,7 @@ def test_full_disk_while_saving_keeps_the_previous_checkpoint(tmp_path, finished
     assert_one_line_error(
         result, r"could not write .*checkpoint.pt \(File too large\); the previous checkpoint is intact", script.name
     )
-    assert sha256(ckpt) == before
+    assert file_sha256(ckpt) == before
     assert not list(run_dir.glob("checkpoint.pt.tmp*"))
     # rank 1 stopped too, on the broadcast error (exit 2), or on torchrun's SIGTERM once rank 0 had exited
     assert re.search(r"rank      : 1 \(local_rank: 1\)\n\s+exitcode  : (2|-15) ", result.stderr), result.stderr
