@@ -11,12 +11,14 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
 from benchmark.events import event_files, read_scalar_events, read_scalars  # noqa: F401 (re-exported)
+from cleanrl_ddp import runtime as rt
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "cleanrl_ddp"
@@ -241,3 +243,20 @@ def wandb_offline_runs(wandb_dir) -> list[dict]:
                     config = {item.key: json.loads(item.value_json) for item in record.run.config.update}
                     runs.append(dict(id=record.run.run_id, config=config))
     return runs
+
+
+@dataclass
+class Args(rt.RunArgs):
+    """What a script's Args adds that the run module reads: the run name's parts, the budget, per-rank sizes (for the
+    unit tests of runtime.py and run_dir.py)."""
+
+    env_id: str = "ALE/Pong-v5"
+    exp_name: str = "test"
+    seed: int = 1
+    total_timesteps: int = 1000
+    local_num_envs: int = 1
+
+
+def single_run(tmp_path, **flags) -> rt.Run:
+    """A world-size-1 run on the CPU with `Args(runs_dir=tmp_path, **flags)`, as `rt.start` would make it."""
+    return rt.Run("ppo_multigpu", Args(runs_dir=str(tmp_path), **flags), 0, 1, torch.device("cpu"), None)

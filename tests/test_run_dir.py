@@ -8,33 +8,15 @@ import os
 import socket
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import pytest
-import torch
-from helpers import REPO
+from helpers import REPO, Args, single_run
 
 from cleanrl_ddp import checkpoint, launch, run_dir
 from cleanrl_ddp import runtime as rt
 
-
-@dataclass
-class Args(rt.RunArgs):
-    """What a script's Args adds that the module reads: the run name's parts, the budget, per-rank sizes."""
-
-    env_id: str = "ALE/Pong-v5"
-    exp_name: str = "test"
-    seed: int = 1
-    total_timesteps: int = 1000
-    local_num_envs: int = 1
-
-
 SIZES = rt.Sizes(world_size=1, num_envs=1, batch_size=10, num_iterations=100)
-
-
-def single_run(tmp_path, **flags) -> rt.Run:
-    args = Args(runs_dir=str(tmp_path), **flags)
-    return rt.Run("ppo_multigpu", args, 0, 1, torch.device("cpu"), None)
 
 
 def test_run_names_sort_by_start_time_and_a_restart_finds_its_own(monkeypatch, tmp_path):

@@ -8,7 +8,6 @@ import os
 import random
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from helpers import REPO, main_output, read_scalars, wait_until
+from helpers import REPO, Args, main_output, read_scalars, single_run, wait_until
 
 from cleanrl_ddp import checkpoint, env_state, launch
 from cleanrl_ddp import runtime as rt
@@ -28,22 +27,6 @@ SCRIPTS = [
     "ppo_continuous_action_multigpu",
     "dqn_atari_multigpu",
 ]
-
-
-@dataclass
-class Args(rt.RunArgs):
-    """What a script's Args adds that the module reads: the run name's parts, the budget, per-rank sizes."""
-
-    env_id: str = "ALE/Pong-v5"
-    exp_name: str = "test"
-    seed: int = 1
-    total_timesteps: int = 1000
-    local_num_envs: int = 1
-
-
-def single_run(tmp_path, **flags) -> rt.Run:
-    args = Args(runs_dir=str(tmp_path), **flags)
-    return rt.Run("ppo_multigpu", args, 0, 1, torch.device("cpu"), None)
 
 
 @pytest.fixture

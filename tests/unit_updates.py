@@ -255,22 +255,7 @@ def unit_sac(script_path: str, rank: int, world_size: int) -> dict:
         start = dict(qf=flat_params(qf0.parameters()), actor=flat_params(actor0.parameters()))
         start |= dict(log_alpha=torch.zeros(1), qf_target=start["qf"])
         out = dict(script=spec.script, rank=rank, world_size=world_size, noise_calls=calls[0])
-        finals = {}
-        for grad_sync in ("ddp", "flat"):
-            grads, final = run(grad_sync, distributed=True)
-            finals[grad_sync] = final
-            for name in ("qf", "actor", "log_alpha"):
-                out[f"{grad_sync}_{name}_grad_rel_err"] = [
-                    rel_err(a, b) for a, b in zip(grads[name], ref_grads[name], strict=True)
-                ]
-            for name in final:
-                change, ref_change = final[name] - start[name], ref_final[name] - start[name]
-                out[f"{grad_sync}_{name}_update_rel_err"] = rel_err(change, ref_change)
-                out[f"{grad_sync}_{name}_moved"] = float((ref_final[name] - start[name]).norm())
-        for name in ref_final:
-            out[f"ddp_vs_flat_{name}_update_rel_err"] = rel_err(
-                finals["ddp"][name] - start[name], finals["flat"][name] - start[name]
-            )
+        out |= compare_with_single_process(run, (ref_grads, ref_final), start, ("qf", "actor", "log_alpha"))
     finally:
         torch.randn = real_randn
     return out
@@ -351,24 +336,32 @@ def unit_td3(script_path: str, rank: int, world_size: int) -> dict:
         start = dict(qf=flat_params(qf0.parameters()), actor=flat_params(actor0.parameters()))
         start |= dict(qf_target=start["qf"], target_actor=start["actor"])
         out = dict(script=spec.script, rank=rank, world_size=world_size, noise_calls=calls[0])
-        finals = {}
-        for grad_sync in ("ddp", "flat"):
-            grads, final = run(grad_sync, distributed=True)
-            finals[grad_sync] = final
-            for name in ("qf", "actor"):
-                out[f"{grad_sync}_{name}_grad_rel_err"] = [
-                    rel_err(a, b) for a, b in zip(grads[name], ref_grads[name], strict=True)
-                ]
-            for name in final:
-                change, ref_change = final[name] - start[name], ref_final[name] - start[name]
-                out[f"{grad_sync}_{name}_update_rel_err"] = rel_err(change, ref_change)
-                out[f"{grad_sync}_{name}_moved"] = float((ref_final[name] - start[name]).norm())
-        for name in ref_final:
-            out[f"ddp_vs_flat_{name}_update_rel_err"] = rel_err(
-                finals["ddp"][name] - start[name], finals["flat"][name] - start[name]
-            )
+        out |= compare_with_single_process(run, (ref_grads, ref_final), start, ("qf", "actor"))
     finally:
         torch.randn = real_randn
+    return out
+
+
+def compare_with_single_process(run, ref: tuple, start: dict, grad_names: tuple) -> dict:
+    """SAC's and TD3's `run(grad_sync, distributed)` -> (gradients by name, final flat parameters by name): each
+    gradient path on the ranks against the one process's `ref` (`run("ddp", False)`), and DDP against flat, as
+    relative errors of the gradients and of the changes made, with how far the one process moved each."""
+    (ref_grads, ref_final), out, finals = ref, {}, {}
+    for grad_sync in ("ddp", "flat"):
+        grads, final = run(grad_sync, distributed=True)
+        finals[grad_sync] = final
+        for name in grad_names:
+            out[f"{grad_sync}_{name}_grad_rel_err"] = [
+                rel_err(a, b) for a, b in zip(grads[name], ref_grads[name], strict=True)
+            ]
+        for name in final:
+            change, ref_change = final[name] - start[name], ref_final[name] - start[name]
+            out[f"{grad_sync}_{name}_update_rel_err"] = rel_err(change, ref_change)
+            out[f"{grad_sync}_{name}_moved"] = float(ref_change.norm())
+    for name in ref_final:
+        out[f"ddp_vs_flat_{name}_update_rel_err"] = rel_err(
+            finals["ddp"][name] - start[name], finals["flat"][name] - start[name]
+        )
     return out
 
 
