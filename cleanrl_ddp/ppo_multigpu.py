@@ -1,13 +1,9 @@
 """PPO for discrete-action classic control, data-parallel with torch.distributed.
 
-Docs: docs/ppo_multigpu.md. Launch it any of these ways (all ranks run this same file):
+Docs: docs/ppo_multigpu.md. Launch it (all ranks run this same file; two nodes and SLURM in the README):
 
     python cleanrl_ddp/ppo_multigpu.py                                    # 1 process
     torchrun --standalone --nproc_per_node=2 cleanrl_ddp/ppo_multigpu.py  # 2 processes, one machine
-    torchrun --nnodes=2 --nproc_per_node=8 --node_rank=$NODE_RANK \\
-        --master_addr=HOST --master_port=29500 cleanrl_ddp/ppo_multigpu.py  # 2 nodes x 8 processes
-    export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1) MASTER_PORT=29500
-    srun --ntasks=16 --ntasks-per-node=8 python cleanrl_ddp/ppo_multigpu.py  # SLURM (see benchmark/slurm/)
 
 Every rank steps its own `--local-num-envs` envs; gradients are averaged across ranks each minibatch
 (DDP, or one flat all-reduce with `--grad-sync flat`), so all ranks hold the same weights and together
