@@ -1,13 +1,12 @@
 """PQN (Gallici et al., 2024) for discrete actions (classic control), data-parallel.
 
-Docs: docs/pqn_multigpu.md. Launch it (all ranks run this same file; more ways in the README):
+Docs: docs/pqn_multigpu.md. Launch it (every rank runs this file; more ways in the README):
 
     python cleanrl_ddp/pqn_multigpu.py                                    # 1 process
     torchrun --standalone --nproc_per_node=2 cleanrl_ddp/pqn_multigpu.py  # 2 processes, one machine
 
-CleanRL's `pqn.py`: Q(lambda), a LayerNorm Q-network, no replay, no target network. Each rank steps
-its own `--local-num-envs` envs and computes their returns; gradients are averaged across ranks
-(DDP, or one flat all-reduce with `--grad-sync flat`), then clipped. Run plumbing: runtime.py.
+CleanRL's `pqn.py` (no replay, no target network). Each rank computes the Q(lambda) returns of its own
+envs; gradients are averaged across ranks, then clipped.
 """
 
 import os
@@ -34,23 +33,23 @@ SCRIPT = os.path.basename(__file__)[: -len(".py")]
 @dataclass
 class Args(rt.RunArgs):
     exp_name: str = SCRIPT
-    """the name of this experiment (part of the run name)"""
+    """the name of this experiment"""
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
 
     # Algorithm specific arguments
     env_id: str = "CartPole-v1"
-    """the id of a gymnasium environment with a discrete action space"""
+    """the id of a gymnasium env with discrete actions"""
     total_timesteps: int = 500000
-    """env steps of the whole run, summed over all ranks"""
+    """total env steps, summed over all ranks"""
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
     local_num_envs: int = 4
-    """the number of parallel environments on each rank"""
+    """the number of parallel envs on each rank"""
     num_steps: int = 128
-    """the number of steps each environment runs per rollout"""
+    """the number of steps per env per rollout"""
     num_minibatches: int = 4
-    """the number of minibatches per epoch (the same on every rank)"""
+    """the number of minibatches per epoch, on every rank"""
     update_epochs: int = 4
     """the K epochs to update the Q-network"""
     anneal_lr: bool = True
@@ -68,9 +67,9 @@ class Args(rt.RunArgs):
     q_lambda: float = 0.65
     """the lambda of the Q(lambda) returns"""
     eval_greedy: bool = True
-    """if toggled, evaluation is greedy; --no-eval-greedy plays with epsilon --end-e"""
+    """if toggled, evaluation is greedy, else epsilon-greedy with --end-e"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
-    """how gradients are averaged: DDP, or one all-reduce of all gradients flattened"""
+    """how gradients are averaged: DDP, or one flat all-reduce"""
     cudagraphs: bool = True
     """on CUDA, replay the policy step and the Q(lambda) returns as CUDA graphs"""
 
@@ -107,7 +106,6 @@ class QNetwork(nn.Module):
 
 
 def eval_action(q_network: QNetwork, obs, greedy: bool, generator, args: Args):
-    """Evaluation's actions (cleanrl_ddp/evals.py): epsilon-greedy with --end-e (0 if `greedy`)."""
     q_values = q_network(obs)
     epsilon = 0.0 if greedy else args.end_e
     explore = torch.rand(len(obs), generator=generator, device=obs.device) < epsilon
@@ -121,7 +119,7 @@ def load_agent(ckpt: dict, device) -> QNetwork:
     return q_network
 
 
-# ALGO LOGIC: sizes, epsilon, Q(lambda), the update, the all-reduce (imported by the tests)
+# ALGO LOGIC: sizes, epsilon, Q(lambda), the update, the all-reduce
 @dataclass(frozen=True)
 class Sizes(rt.Sizes):
     local_batch_size: int
@@ -130,7 +128,6 @@ class Sizes(rt.Sizes):
 
 
 def derive_sizes(args: Args, world_size: int) -> Sizes:
-    """Global and per-rank sizes; raises RunError on bad input."""
     rt.require_at_least_1(args, "local_num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps")
     if not args.exploration_fraction > 0:
         raise rt.RunError(f"--exploration-fraction must be positive, got {args.exploration_fraction}")
@@ -178,14 +175,14 @@ def q_lambda_returns(rewards, values, dones, next_value, next_done, gamma, q_lam
 
 
 def update_q_network(model, q_network, optimizer, obs, actions, returns, args: Args, world_size: int):
-    """One step on this rank's minibatch (`model` may be DDP): TD loss and mean Q, detached."""
+    """One update on this rank's minibatch; `model` may be DDP."""
     q_taken = model(obs).gather(1, actions.unsqueeze(1)).squeeze(1)
     loss = F.mse_loss(q_taken, returns)
     optimizer.zero_grad(set_to_none=False)
     loss.backward()
     if world_size > 1 and args.grad_sync == "flat":
         all_reduce_gradients_flat(list(q_network.parameters()), world_size)
-    # CRUCIAL: clip the AVERAGED gradient, so that every rank clips the same vector
+    # CRUCIAL: clip the AVERAGED gradient, so every rank clips the same vector
     nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm)
     optimizer.step()
     return loss.detach(), q_taken.mean().detach()
@@ -215,7 +212,7 @@ def main() -> None:
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = ckpt["global_step"] if ckpt else 0
 
-    # CRUCIAL: the same start weights on every rank, but each rank's own (disjoint) env seeds and random stream
+    # CRUCIAL: the same start weights on every rank; each rank's own (disjoint) env seeds and random stream
     rt.seed_everything(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     envs = gym.vector.SyncVectorEnv(
@@ -241,11 +238,11 @@ def main() -> None:
     next_obs_np, _ = envs.reset(seed=env_seed0)
     episodes = rt.Episodes(args.local_num_envs)
     next_done = np.zeros(args.local_num_envs)
-    if ckpt:  # every env continues exactly where it was, whichever rank steps it now
+    if ckpt:  # every env resumes where it was, whichever rank steps it now
         share = env_state.split_for_rank(run, ckpt)
         if env_state.restore(run, envs.envs, share[0] if share else None):
             next_obs_np, next_done, episodes.returns, episodes.lengths = (x.numpy() for x in share[1:])
-        else:  # an env without a state function: new episodes, from unused seeds
+        else:  # no state function: new episodes, from unused seeds
             next_obs_np, _ = envs.reset(seed=env_seed0 + (start_iteration - 1) * sizes.num_envs)
 
     # ALGO Logic: Storage setup, allocated once (a CUDA graph replays the addresses)
@@ -270,8 +267,8 @@ def main() -> None:
     duration = args.exploration_fraction * args.total_timesteps
 
     def policy_step(step):
-        """Epsilon-greedy on `next_obs`, written into rollout row `step` (a tensor: one graph for all rows)."""
-        # ALGO LOGIC: the rank's own draws; the unwrapped network (inference skips DDP)
+        """Epsilon-greedy into row `step` (a tensor: one graph for every row)."""
+        # ALGO LOGIC: action logic (the unwrapped network: inference skips DDP)
         random_actions = torch.randint(0, n_actions, (n,), device=device)
         with torch.no_grad():
             q_max, max_actions = q_network(next_obs).max(dim=1)
@@ -280,14 +277,13 @@ def main() -> None:
         actions[step] = torch.where(explore, random_actions, max_actions)
 
     def lambda_returns():
-        """Q(lambda) returns of this rank's own envs."""
         with torch.no_grad():
             next_value = q_network(next_obs).max(dim=1).values
             dones, next_done = all_dones[:-1], all_dones[-1]
             return q_lambda_returns(rewards, values, dones, next_value, next_done, args.gamma, args.q_lambda)
 
-    # --cudagraphs: the update stays eager (RAdam's capturable step computes otherwise)
-    capture = graphs.enabled(args, run)  # on CUDA only: the CPU runs the same functions eagerly
+    # --cudagraphs acts on CUDA only; the update stays eager (RAdam's capturable step computes otherwise)
+    capture = graphs.enabled(args, run)
     policy_step = graphs.graphed(policy_step, capture)
     lambda_returns = graphs.graphed(lambda_returns, capture)
     rt.open_run(run, sizes, ckpt)
@@ -298,7 +294,7 @@ def main() -> None:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
-        # ALGO LOGIC: epsilon of each step of the rollout, from the GLOBAL step after it
+        # ALGO LOGIC: each step's epsilon, from the GLOBAL step after it
         rollout_epsilons = [
             linear_schedule(args.start_e, args.end_e, duration, global_step + k * sizes.num_envs)
             for k in range(1, args.num_steps + 1)
@@ -329,7 +325,7 @@ def main() -> None:
         b_actions = actions.reshape(-1)
         b_returns = returns.reshape(-1)
 
-        # Optimizing the Q-network (as many minibatches, so all-reduces, on every rank)
+        # Optimizing the Q-network (the same all-reduces on every rank)
         td_loss = 0.0
         q_values = 0.0
         num_updates = 0
@@ -343,7 +339,7 @@ def main() -> None:
                 num_updates += 1
         update_seconds = time.perf_counter() - update_start
 
-        # metrics of ALL ranks, by name in one all-reduce: losses averaged, episodes summed
+        # metrics of ALL ranks in one all-reduce: losses averaged, episodes summed
         n_all = num_updates * world_size
         m = rt.all_sum(run, {"losses/td_loss": td_loss / n_all, "losses/q_values": q_values / n_all} | episodes.take())
         scalars = {
@@ -363,7 +359,7 @@ def main() -> None:
         preempted = rt.preempted(run)  # a SIGTERM/SIGUSR1 on any rank stops every rank here
         last = iteration == num_iterations or preempted or reached
         if last or rt.steps_crossed(prev_step, global_step, args.checkpoint_every):
-            # this rank's envs as data (tensors, numbers), never pickled objects
+            # this rank's envs as data, not pickled
             env_states = [env_state.capture(env) for env in envs.envs]
             host_state = (host_dones[-1].clone(), *map(torch.from_numpy, (episodes.returns, episodes.lengths)))
             rank_state = (env_states, staging.clone(), *host_state)
