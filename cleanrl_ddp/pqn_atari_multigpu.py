@@ -1,14 +1,12 @@
 """PQN (Gallici et al., 2024) on Atari, data-parallel with torch.distributed.
 
-Docs: docs/pqn_atari_multigpu.md. Launch it (all ranks run this same file; more ways in the README):
+Docs: docs/pqn_atari_multigpu.md. Launch it (every rank runs this file; more ways in the README):
 
     python cleanrl_ddp/pqn_atari_multigpu.py                                    # 1 process
     torchrun --standalone --nproc_per_node=2 cleanrl_ddp/pqn_atari_multigpu.py  # 2 processes, one machine
 
-CleanRL's `pqn_atari_envpool.py`: Q(lambda), a Nature CNN with LayerNorm, no replay, no target network.
-Each rank steps its own `--local-num-envs` games in ALE's C++ vector env and computes their returns;
-gradients are averaged across ranks (DDP, or one flat all-reduce with `--grad-sync flat`), then clipped.
-Run plumbing: runtime.py.
+CleanRL's `pqn_atari_envpool.py` (no replay, no target network) on ALE's C++ vector env. Each rank
+computes the Q(lambda) returns of its own games; gradients are averaged across ranks, then clipped.
 """
 
 import os
@@ -35,7 +33,7 @@ SCRIPT = os.path.basename(__file__)[: -len(".py")]
 @dataclass
 class Args(rt.RunArgs):
     exp_name: str = SCRIPT
-    """the name of this experiment (part of the run name)"""
+    """the name of this experiment"""
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
 
@@ -45,15 +43,15 @@ class Args(rt.RunArgs):
     repeat_action_probability: Optional[float] = None
     """sticky actions; default 0.25 for `ALE/*-v5` ids (Machado et al., 2018), else 0.0"""
     total_timesteps: int = 10000000
-    """agent steps of the whole run, summed over all ranks (x4 for emulator frames)"""
+    """total agent steps, summed over all ranks (x4 for emulator frames)"""
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
     local_num_envs: int = 8
-    """the number of parallel environments on each rank"""
+    """the number of parallel envs on each rank"""
     num_steps: int = 128
-    """the number of steps each environment runs per rollout"""
+    """the number of steps per env per rollout"""
     num_minibatches: int = 4
-    """the number of minibatches per epoch (the same on every rank)"""
+    """the number of minibatches per epoch, on every rank"""
     update_epochs: int = 4
     """the K epochs to update the Q-network"""
     anneal_lr: bool = True
@@ -71,15 +69,15 @@ class Args(rt.RunArgs):
     q_lambda: float = 0.65
     """the lambda of the Q(lambda) returns"""
     eval_greedy: bool = False
-    """if toggled, evaluation is greedy (which can stall a game: no FIRE), else epsilon --end-e"""
+    """if toggled, evaluation is greedy (can stall a game: no FIRE), else epsilon-greedy with --end-e"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
-    """how gradients are averaged: DDP, or one all-reduce of all gradients flattened"""
+    """how gradients are averaged: DDP, or one flat all-reduce"""
     cudagraphs: bool = True
     """on CUDA, replay the policy step and the Q(lambda) returns as CUDA graphs"""
 
 
 def make_env(env_id: str, num_envs: int, num_threads: int = 1, repeat_action_probability: float = 0.0):
-    """ALE's C++ vector env, as ppo_atari_multigpu.py's: a life loss sets `terminated`."""
+    """ALE's C++ vector env; a life loss sets `terminated`."""
     return AtariVectorEnv(
         atari.ale_game(env_id),
         num_envs,
@@ -109,13 +107,11 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 
 # ALGO LOGIC: initialize agent here:
 class QNetwork(nn.Module):
-    """The Nature CNN with LayerNorm after each layer (per-sample statistics: nothing to sync)."""
-
     def __init__(self, n_actions: int):
         super().__init__()
         self.network = nn.Sequential(
             layer_init(nn.Conv2d(4, 32, 8, stride=4)),
-            nn.LayerNorm([32, 20, 20]),
+            nn.LayerNorm([32, 20, 20]),  # per-sample statistics: nothing to sync across ranks
             nn.ReLU(),
             layer_init(nn.Conv2d(32, 64, 4, stride=2)),
             nn.LayerNorm([64, 9, 9]),
@@ -131,11 +127,10 @@ class QNetwork(nn.Module):
         )
 
     def forward(self, x):
-        return self.network(x / 255.0)  # uint8 frames in: the rollout buffer stays uint8
+        return self.network(x / 255.0)  # the rollout buffer stays uint8
 
 
 def eval_action(q_network: QNetwork, obs, greedy: bool, generator, args: Args):
-    """Evaluation's actions (cleanrl_ddp/evals.py): epsilon-greedy with --end-e (0 if `greedy`)."""
     q_values = q_network(obs)
     epsilon = 0.0 if greedy else args.end_e
     explore = torch.rand(len(obs), generator=generator, device=obs.device) < epsilon
@@ -149,7 +144,7 @@ def load_agent(ckpt: dict, device) -> QNetwork:
     return q_network
 
 
-# ALGO LOGIC: sizes, epsilon, Q(lambda), the update, the all-reduce (imported by the tests)
+# ALGO LOGIC: sizes, epsilon, Q(lambda), the update, the all-reduce
 @dataclass(frozen=True)
 class Sizes(rt.Sizes):
     local_batch_size: int
@@ -158,7 +153,6 @@ class Sizes(rt.Sizes):
 
 
 def derive_sizes(args: Args, world_size: int) -> Sizes:
-    """Global and per-rank sizes; raises RunError on bad input."""
     rt.require_at_least_1(args, "local_num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps")
     if not args.exploration_fraction > 0:
         raise rt.RunError(f"--exploration-fraction must be positive, got {args.exploration_fraction}")
@@ -206,14 +200,14 @@ def q_lambda_returns(rewards, values, dones, next_value, next_done, gamma, q_lam
 
 
 def update_q_network(model, q_network, optimizer, obs, actions, returns, args: Args, world_size: int):
-    """One step on this rank's minibatch (`model` may be DDP): TD loss and mean Q, detached."""
+    """One update on this rank's minibatch; `model` may be DDP."""
     q_taken = model(obs).gather(1, actions.unsqueeze(1)).squeeze(1)
     loss = F.mse_loss(q_taken, returns)
     optimizer.zero_grad(set_to_none=False)
     loss.backward()
     if world_size > 1 and args.grad_sync == "flat":
         all_reduce_gradients_flat(list(q_network.parameters()), world_size)
-    # CRUCIAL: clip the AVERAGED gradient, so that every rank clips the same vector
+    # CRUCIAL: clip the AVERAGED gradient, so every rank clips the same vector
     nn.utils.clip_grad_norm_(q_network.parameters(), args.max_grad_norm)
     optimizer.step()
     return loss.detach(), q_taken.mean().detach()
@@ -242,14 +236,14 @@ def main() -> None:
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = ckpt["global_step"] if ckpt else 0
 
-    # CRUCIAL: the same start weights on every rank, but each rank's own (disjoint) env seeds and random stream
+    # CRUCIAL: the same start weights on every rank; each rank's own (disjoint) env seeds and random stream
     rt.seed_everything(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     n = args.local_num_envs
     # env threads: the rank's share of its cores, as torch's (rollout and update alternate)
     envs = make_env(args.env_id, n, min(torch.get_num_threads(), n), atari.sticky_action_probability(args))
     n_actions = int(envs.single_action_space.n)
-    agent_kwargs = dict(n_actions=n_actions)  # saved for cleanrl_ddp/evaluate.py
+    agent_kwargs = dict(n_actions=n_actions)
     q_network = QNetwork(**agent_kwargs).to(device)
     if world_size > 1:
         for tensor in q_network.state_dict().values():  # the same start on either --grad-sync
@@ -263,7 +257,7 @@ def main() -> None:
         rt.resume_rng(run, ckpt, args.seed)
     model = DDP(q_network) if world_size > 1 and args.grad_sync == "ddp" else q_network
 
-    # ALE's envs cannot be saved: a resumed run seeds them past the seeds used before
+    # ALE's envs cannot be saved: a resumed run seeds them with unused seeds
     env_seed0 = args.seed + rank * n + (start_iteration - 1) * sizes.num_envs
     frames, info = envs.reset(seed=env_seed0)
     prev_lives = info["lives"]
@@ -291,8 +285,8 @@ def main() -> None:
     duration = args.exploration_fraction * args.total_timesteps
 
     def policy_step(step):
-        """Epsilon-greedy on `next_obs`, written into rollout row `step` (a tensor: one graph for all rows)."""
-        # ALGO LOGIC: the rank's own draws; the unwrapped network (inference skips DDP)
+        """Epsilon-greedy into row `step` (a tensor: one graph for every row)."""
+        # ALGO LOGIC: action logic (the unwrapped network: inference skips DDP)
         random_actions = torch.randint(0, n_actions, (n,), device=device)
         with torch.no_grad():
             q_max, max_actions = q_network(next_obs).max(dim=1)
@@ -301,14 +295,13 @@ def main() -> None:
         actions[step] = torch.where(explore, random_actions, max_actions)
 
     def lambda_returns():
-        """Q(lambda) returns of this rank's own envs."""
         with torch.no_grad():
             next_value = q_network(next_obs).max(dim=1).values
             dones, next_done = all_dones[:-1], all_dones[-1]
             return q_lambda_returns(rewards, values, dones, next_value, next_done, args.gamma, args.q_lambda)
 
-    # --cudagraphs: the update stays eager (RAdam's capturable step computes otherwise)
-    capture = graphs.enabled(args, run)  # on CUDA only: the CPU runs the same functions eagerly
+    # --cudagraphs acts on CUDA only; the update stays eager (RAdam's capturable step computes otherwise)
+    capture = graphs.enabled(args, run)
     policy_step = graphs.graphed(policy_step, capture)
     lambda_returns = graphs.graphed(lambda_returns, capture)
     rt.open_run(run, sizes, ckpt)
@@ -319,7 +312,7 @@ def main() -> None:
             frac = 1.0 - (iteration - 1.0) / num_iterations
             optimizer.param_groups[0]["lr"] = frac * args.learning_rate
 
-        # ALGO LOGIC: epsilon of each step of the rollout, from the GLOBAL step after it
+        # ALGO LOGIC: each step's epsilon, from the GLOBAL step after it
         rollout_epsilons = [
             linear_schedule(args.start_e, args.end_e, duration, global_step + k * sizes.num_envs)
             for k in range(1, args.num_steps + 1)
@@ -351,7 +344,7 @@ def main() -> None:
         b_actions = actions.reshape(-1)
         b_returns = returns.reshape(-1)
 
-        # Optimizing the Q-network (as many minibatches, so all-reduces, on every rank)
+        # Optimizing the Q-network (the same all-reduces on every rank)
         td_loss = 0.0
         q_values = 0.0
         num_updates = 0
@@ -365,7 +358,7 @@ def main() -> None:
                 num_updates += 1
         update_seconds = time.perf_counter() - update_start
 
-        # metrics of ALL ranks, by name in one all-reduce: losses averaged, whole games summed
+        # metrics of ALL ranks in one all-reduce: losses averaged, whole games summed
         n_all = num_updates * world_size
         m = rt.all_sum(run, {"losses/td_loss": td_loss / n_all, "losses/q_values": q_values / n_all} | episodes.take())
         scalars = {
