@@ -1,8 +1,8 @@
-"""PPO for continuous actions (MuJoCo), data-parallel with torch.distributed.
+"""PPO for continuous actions (MuJoCo), data-parallel.
 
 Docs: docs/ppo_continuous_action_multigpu.md. Needs MuJoCo: `pip install -e ".[mujoco]"`. Launched as
 cleanrl_ddp/ppo_multigpu.py is. Gradients are averaged across ranks each minibatch; the normalisation
-statistics are merged across ranks once per iteration, so that every rank normalises alike.
+statistics are merged each iteration.
 """
 
 import os
@@ -29,21 +29,21 @@ SCRIPT = os.path.basename(__file__)[: -len(".py")]
 @dataclass
 class Args(rt.RunArgs):
     exp_name: str = SCRIPT
-    """the name of this experiment (part of the run name)"""
+    """the name of this experiment"""
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
 
     # Algorithm specific arguments
     env_id: str = "HalfCheetah-v5"
-    """the id of a gymnasium environment with a Box action space"""
+    """the id of a gymnasium env with a Box action space"""
     total_timesteps: int = 1000000
-    """env steps of the whole run, summed over all ranks"""
+    """total env steps, summed over all ranks"""
     learning_rate: float = 3e-4
     """the learning rate of the optimizer"""
     local_num_envs: int = 1
-    """the number of parallel environments on each rank"""
+    """the number of parallel envs on each rank"""
     num_steps: int = 2048
-    """the number of steps each environment runs per rollout"""
+    """the number of steps per env per rollout"""
     anneal_lr: bool = True
     """toggle learning rate annealing"""
     gamma: float = 0.99
@@ -51,11 +51,11 @@ class Args(rt.RunArgs):
     gae_lambda: float = 0.95
     """the lambda for the general advantage estimation"""
     num_minibatches: int = 32
-    """the number of minibatches per epoch (the same on every rank)"""
+    """the number of minibatches per epoch, on every rank"""
     update_epochs: int = 10
     """the K epochs to update the policy"""
     norm_adv: bool = True
-    """toggle advantage normalisation (statistics of the global minibatch, over all ranks)"""
+    """toggle advantage normalisation (over the global minibatch)"""
     clip_coef: float = 0.2
     """the surrogate clipping coefficient"""
     clip_vloss: bool = True
@@ -67,25 +67,25 @@ class Args(rt.RunArgs):
     max_grad_norm: float = 0.5
     """the maximum norm for gradient clipping (of the averaged gradient)"""
     target_kl: Optional[float] = None
-    """stop the epochs early when the KL averaged across ranks exceeds this"""
+    """stop the epochs when the KL averaged over ranks exceeds this"""
     norm_obs: bool = True
-    """toggle observation normalisation (statistics merged over all ranks)"""
+    """toggle observation normalisation (statistics over all ranks)"""
     norm_reward: bool = True
-    """toggle reward scaling by the std of the discounted return (merged over all ranks)"""
+    """toggle reward scaling by the std of the discounted return (over all ranks)"""
     clip_obs: float = 10.0
     """normalised observations are clipped to [-clip_obs, clip_obs]"""
     clip_reward: float = 10.0
     """scaled rewards are clipped to [-clip_reward, clip_reward]"""
     eval_greedy: bool = True
-    """if toggled, evaluation acts with the Gaussian's mean; --no-eval-greedy samples"""
+    """if toggled, evaluation acts with the Gaussian's mean, else samples"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
-    """how gradients are averaged: DDP, or one all-reduce of all gradients flattened"""
+    """how gradients are averaged: DDP, or one flat all-reduce"""
     cudagraphs: bool = True
     """on CUDA, replay the policy step, GAE and each minibatch update as CUDA graphs"""
 
 
 def make_env(env_id: str, render_mode: Optional[str] = None):
-    def thunk():  # no normalisation wrappers: the loop normalises (`RunningStats`)
+    def thunk():  # no normalisation wrappers: the loop normalises over all ranks
         return gym.make(env_id, render_mode=render_mode)
 
     return thunk
@@ -129,12 +129,11 @@ class Agent(nn.Module):
         return action, probs.log_prob(action).sum(1), probs.entropy().sum(1), self.critic(x)
 
     def forward(self, x, action):
-        # the loss goes through `forward`, so that DDP averages its gradients; the rollout skips DDP
+        # the loss goes through `forward`, so that DDP averages its gradients
         return self.get_action_and_value(x, action)
 
 
 def eval_action(agent: tuple, obs, greedy: bool, generator, args: Args):
-    """Evaluation's actions (cleanrl_ddp/evals.py): the mean, or sampled."""
     agent, obs_stats = agent
     action = agent.actor_mean(network_input(obs, obs_stats, args))
     if greedy:
@@ -151,7 +150,7 @@ def load_agent(ckpt: dict, device) -> tuple:
     return agent, obs_stats
 
 
-# ALGO LOGIC: sizes, GAE, the loss, the all-reduce, the normalisation (imported by the tests)
+# ALGO LOGIC: sizes, GAE, the loss, the all-reduce, the normalisation
 @dataclass(frozen=True)
 class Sizes(rt.Sizes):
     local_batch_size: int
@@ -160,7 +159,6 @@ class Sizes(rt.Sizes):
 
 
 def derive_sizes(args: Args, world_size: int) -> Sizes:
-    """Global and per-rank sizes; raises RunError on bad input."""
     rt.require_at_least_1(args, "local_num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps")
     local_batch_size = args.local_num_envs * args.num_steps
     if local_batch_size % args.num_minibatches != 0:
@@ -204,8 +202,7 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
 
 
 def normalize_advantages(adv: torch.Tensor, world_size: int) -> torch.Tensor:
-    """Normalise row k of `adv` [num_minibatches, local minibatch] with the mean and std of GLOBAL
-    minibatch k (row k of every rank): one all-reduce of float64 sums per epoch."""
+    """Normalise row k of `adv` [num_minibatches, local minibatch] over row k of every rank."""
     a = adv.double()
     count = torch.full(a.shape[:-1], a.shape[-1], dtype=a.dtype, device=a.device)  # no host copy
     stats = torch.stack([a.sum(-1), (a * a).sum(-1), count])
@@ -218,7 +215,7 @@ def normalize_advantages(adv: torch.Tensor, world_size: int) -> torch.Tensor:
 
 
 def ppo_loss(model, mb_advantages, mb_obs, mb_actions, mb_logprobs, mb_returns, mb_values, args: Args):
-    """The clipped PPO loss of one local minibatch and its stats (detached); `model` may be DDP."""
+    """The PPO loss of one local minibatch and its detached stats; `model` may be DDP."""
     _, newlogprob, entropy, newvalue = model(mb_obs, mb_actions)
     logratio = newlogprob - mb_logprobs
     ratio = logratio.exp()
@@ -265,8 +262,7 @@ def all_reduce_gradients_flat(params, world_size: int) -> None:
 
 
 class RunningStats:
-    """Count, mean and M2 (sum of squared deviations) per feature, float64; `update` merges the
-    samples of ALL ranks, so that every rank normalises alike."""
+    """Count, mean and M2 (sum of squared deviations) per feature in float64, merged over ALL ranks."""
 
     def __init__(self, shape=(), device=None):
         self.shape = tuple(shape)
@@ -280,7 +276,7 @@ class RunningStats:
         return torch.where(self.count == 0, torch.ones_like(self.m2), self.m2 / self.count)
 
     def update(self, x: torch.Tensor, world_size: int = 1) -> None:
-        """Merge the samples `x` [N, *shape] of every rank: one all-reduce, then Chan et al. (1979)."""
+        """Merge the samples `x` [N, *shape] of every rank (Chan et al., 1979)."""
         d = x.to(device=self.mean.device, dtype=torch.float64).reshape((-1,) + self.shape) - self.mean
         n_local = d.new_full((1,), d.shape[0])  # no host copy
         sums = torch.cat([n_local, d.sum(0).reshape(-1), (d * d).sum(0).reshape(-1)])
@@ -288,11 +284,11 @@ class RunningStats:
             dist.all_reduce(sums)
         n = sums[0]
         s1, s2 = sums[1:].view(2, *self.shape).unbind(0)
-        # no `if n == 0` (a wait on a GPU): with no samples the clamps make this a no-op
+        # no `if n == 0` (a wait on a GPU): the clamps make no samples a no-op
         delta = s1 / n.clamp_min(1)
         batch_m2 = s2 - s1 * s1 / n.clamp_min(1)
         total = self.count + n
-        # in place: a CUDA graph reads the statistics where they were at its capture
+        # in place: a CUDA graph reads the addresses it captured
         self.m2.add_(batch_m2 + delta * delta * self.count * n / total.clamp_min(1))
         self.mean.add_(delta * n / total.clamp_min(1))
         self.count.copy_(total)
@@ -309,20 +305,18 @@ class RunningStats:
 
 
 def normalize_obs(raw_obs, obs_stats: RunningStats, clip: float) -> torch.Tensor:
-    """(obs - mean) / sqrt(var + 1e-8), clipped to [-clip, clip], in float32."""
     x = torch.as_tensor(raw_obs, dtype=torch.float64, device=obs_stats.mean.device)
     return ((x - obs_stats.mean) / torch.sqrt(obs_stats.var + 1e-8)).clamp(-clip, clip).float()
 
 
 def network_input(raw_obs, obs_stats: RunningStats, args: Args) -> torch.Tensor:
-    """The observations as the network sees them (normalised with --norm-obs)."""
     if args.norm_obs:
         return normalize_obs(raw_obs, obs_stats, args.clip_obs)
     return torch.as_tensor(raw_obs, dtype=torch.float32, device=obs_stats.mean.device)
 
 
 def scale_reward(reward, return_stats: RunningStats, clip: float) -> torch.Tensor:
-    """reward / sqrt(var of the discounted return + 1e-8), clipped (gymnasium's NormalizeReward)."""
+    """gymnasium's NormalizeReward: reward / std of the discounted return, clipped."""
     r = torch.as_tensor(reward, dtype=torch.float64, device=return_stats.mean.device)
     return (r / torch.sqrt(return_stats.var + 1e-8)).clamp(-clip, clip).float()
 
@@ -342,7 +336,7 @@ def main() -> None:
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = ckpt["global_step"] if ckpt else 0
 
-    # CRUCIAL: the same start weights on every rank, but each rank's own (disjoint) env seeds and random stream
+    # CRUCIAL: the same start weights on every rank; each rank's own (disjoint) env seeds and random stream
     rt.seed_everything(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     envs = gym.vector.SyncVectorEnv(
@@ -356,7 +350,7 @@ def main() -> None:
     if world_size > 1:
         for tensor in agent.state_dict().values():  # the same start on either --grad-sync
             dist.broadcast(tensor, src=0)
-    # fused: one kernel for all parameters; the learning rate a tensor that a captured step reads
+    # lr as a tensor, read by a captured step
     optimizer = graphs.optimizer(optim.Adam, agent.parameters(), args.learning_rate, device, eps=1e-5, fused=True)
     rt.seed_everything(rt.rank_seed(args.seed, rank))
     obs_stats, return_stats = RunningStats(obs_shape, device), RunningStats((), device)
@@ -377,13 +371,13 @@ def main() -> None:
     episodes = rt.Episodes(n)
     discounted_return = np.zeros(n)  # per env, for reward scaling
     next_done = np.zeros(n)
-    if ckpt:  # every env continues where it was, whichever rank steps it now
+    if ckpt:  # every env resumes where it was, whichever rank steps it now
         share = env_state.split_for_rank(run, ckpt)
         if env_state.restore(run, envs.envs, share[0] if share else None):
             next_raw_obs, next_done, episodes.returns, episodes.lengths, discounted_return = (
                 x.numpy() for x in share[1:]
             )
-        else:  # an env without a state function: new episodes, from unused seeds
+        else:  # no state function: new episodes, from unused seeds
             next_raw_obs, _ = envs.reset(seed=env_seed0 + (start_iteration - 1) * sizes.num_envs)
 
     # ALGO Logic: Storage setup, allocated once (a CUDA graph replays the addresses)
@@ -410,9 +404,9 @@ def main() -> None:
     b_values = values.reshape(-1)
 
     def policy_step(step):
-        """The policy on `next_raw`, written into rollout row `step` (a tensor: one graph for all rows)."""
+        """The policy on `next_raw` into row `step` (a tensor: one graph for every row)."""
         next_obs = network_input(next_raw, obs_stats, args)
-        # ALGO LOGIC: action logic (the unwrapped agent: inference must not go through DDP)
+        # ALGO LOGIC: action logic (the unwrapped agent: inference skips DDP)
         with torch.no_grad():
             action, logprob, _, value = agent.get_action_and_value(next_obs)
         obs[step] = next_obs
@@ -428,7 +422,6 @@ def main() -> None:
             return compute_gae(scaled, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
 
     def minibatch_backward(mb_inds, mb_advantages, b_returns):
-        # in ppo_loss's order
         minibatch = [b[mb_inds] for b in (b_obs, b_actions, b_logprobs, b_returns, b_values)]
         loss, mb_stats = ppo_loss(model, mb_advantages, *minibatch, args)
         optimizer.zero_grad(set_to_none=False)
@@ -439,15 +432,15 @@ def main() -> None:
         nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
         optimizer.step()
 
-    # --cudagraphs: no collective inside a graph, so across ranks the backward (eager under DDP,
-    # which all-reduces in it) and the step are graphed apart, around the flat all-reduce
-    capture = graphs.enabled(args, run)  # on CUDA only: the CPU runs the same functions eagerly
+    # no collective inside a graph: across ranks the backward and the step are graphed apart, around the
+    # flat all-reduce; under DDP (which all-reduces in the backward) the backward stays eager
+    capture = graphs.enabled(args, run)  # on CUDA only
     flat = world_size > 1 and args.grad_sync == "flat"
     policy_step = graphs.graphed(policy_step, capture)
     advantages_and_returns = graphs.graphed(advantages_and_returns, capture)
     minibatch_backward = graphs.graphed(minibatch_backward, capture and flat)
     clip_and_step = graphs.graphed(clip_and_step, capture and world_size > 1)
-    grad_sync = rt.Stopwatch()  # the flat all-reduce's wall time
+    grad_sync = rt.Stopwatch()
 
     def update(mb_inds, mb_advantages, b_returns):
         mb_stats = minibatch_backward(mb_inds, mb_advantages, b_returns)
@@ -481,7 +474,6 @@ def main() -> None:
             )
             next_done = np.logical_or(terminations, truncations)
             episodes.step(reward, next_done)
-            # reward scaling as gymnasium's NormalizeReward
             discounted_return = discounted_return * args.gamma + reward
             host_returns[step] = torch.from_numpy(discounted_return)
             discounted_return[next_done] = 0
@@ -498,7 +490,7 @@ def main() -> None:
         b_returns = returns.reshape(-1)
 
         # CRUCIAL: the statistics change only here, after the bootstrap value (normalised as the rollout was),
-        # from the samples of all ranks, so that all normalise alike
+        # from the samples of all ranks, so all ranks normalise alike
         if args.norm_obs:
             obs_stats.update(raw_obs, world_size)
         if args.norm_reward:
@@ -527,7 +519,7 @@ def main() -> None:
                     break
         update_seconds = time.perf_counter() - update_start
 
-        # metrics of ALL ranks, by name in one all-reduce (explained variance from global sums)
+        # metrics of ALL ranks in one all-reduce (explained variance from global sums)
         y, d = b_returns, b_returns - b_values
         m = rt.all_sum(
             run,
@@ -563,7 +555,7 @@ def main() -> None:
         preempted = rt.preempted(run)  # a SIGTERM/SIGUSR1 on any rank stops every rank here
         last = iteration == num_iterations or preempted or reached
         if last or rt.steps_crossed(prev_step, global_step, args.checkpoint_every):
-            # this rank's envs as data (MuJoCo's state, RNGs, step counts), not pickled
+            # this rank's envs as data, not pickled
             env_states = [env_state.capture(env) for env in envs.envs]
             arrays = (next_raw_obs, host_dones[-1].numpy().copy(), episodes.returns, episodes.lengths)
             rank_state = (env_states, *map(torch.from_numpy, (*arrays, discounted_return)))
