@@ -1,8 +1,7 @@
-"""DQN for Atari (CleanRL's `dqn_atari.py`), data-parallel with torch.distributed.
+"""DQN for Atari (CleanRL's `dqn_atari.py`), data-parallel.
 
-Docs: docs/dqn_atari_multigpu.md. Launched as cleanrl_ddp/ppo_multigpu.py is. Every rank steps its own
-games into its own replay buffer; an update samples `--local-batch-size` transitions per rank and averages
-the gradients across ranks.
+Docs: docs/dqn_atari_multigpu.md. Launched as cleanrl_ddp/ppo_multigpu.py is. Each rank fills its own replay
+buffer; gradients are averaged across ranks; schedules follow the global step.
 """
 
 import os
@@ -31,7 +30,7 @@ FRAME_SHAPE = (84, 84)  # one grayscale, resized frame
 @dataclass
 class Args(rt.RunArgs):
     exp_name: str = SCRIPT
-    """the name of this experiment (part of the run name)"""
+    """the name of this experiment"""
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
 
@@ -41,13 +40,13 @@ class Args(rt.RunArgs):
     repeat_action_probability: Optional[float] = None
     """sticky actions; default 0.25 for `ALE/*-v5` ids (Machado et al., 2018), else 0.0"""
     total_timesteps: int = 10000000
-    """env steps (agent steps, 4 frames each) of the whole run, summed over all ranks"""
+    """total env steps (4 frames each), summed over all ranks"""
     learning_rate: float = 1e-4
     """the learning rate of the optimizer"""
     local_num_envs: int = 1
     """the number of parallel environments on each rank"""
     buffer_size: int = 1000000
-    """transitions held by the replay memories of ALL ranks together (each rank its own share)"""
+    """the replay memory size over all ranks (each rank holds its share)"""
     gamma: float = 0.99
     """the discount factor gamma"""
     tau: float = 1.0
@@ -55,25 +54,25 @@ class Args(rt.RunArgs):
     target_network_frequency: int = 1000
     """global steps between target-network updates"""
     local_batch_size: int = 32
-    """transitions each rank samples from its own buffer per gradient update"""
+    """the batch size each rank samples from its own buffer"""
     start_e: float = 1.0
     """the starting epsilon for exploration"""
     end_e: float = 0.01
     """the ending epsilon for exploration"""
     exploration_fraction: float = 0.10
-    """the fraction of `total-timesteps` over which epsilon falls from start-e to end-e"""
+    """the fraction of `total-timesteps` over which epsilon decays to end-e"""
     learning_starts: int = 80000
-    """global step after which gradient updates start"""
+    """global step to start learning"""
     train_frequency: int = 4
     """global steps between gradient updates"""
     eval_epsilon: float = 0.05
-    """epsilon of the evaluation policy (0.05 as in Mnih et al. 2015 and CleanRL)"""
+    """epsilon of the evaluation policy (Mnih et al. 2015)"""
     eval_greedy: bool = False
-    """if toggled, evaluation is greedy (epsilon 0) instead of using --eval-epsilon"""
+    """if toggled, evaluation is greedy (epsilon 0)"""
     log_every: int = 1000
-    """global steps between logged (all-reduced) metrics, where a preemption signal stops the run"""
+    """global steps between logged (all-reduced) metrics and preemption checks"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
-    """how gradients are averaged: DDP, or one all-reduce of all gradients flattened"""
+    """how gradients are averaged: DDP, or one flat all-reduce"""
     cudagraphs: bool = True
     """on CUDA, replay the greedy actions as one CUDA graph"""
 
@@ -103,7 +102,7 @@ def make_env(env_id: str, num_envs: int, num_threads: int = 1, repeat_action_pro
 
 # ALGO LOGIC: initialize agent here:
 class QNetwork(nn.Module):
-    """The Nature-DQN CNN (Mnih et al. 2015), as CleanRL's dqn_atari.py (PyTorch's default init)."""
+    """CleanRL's Nature-DQN CNN (Mnih et al. 2015), PyTorch's default init."""
 
     def __init__(self, n_actions: int):
         super().__init__()
@@ -139,7 +138,7 @@ def load_agent(ckpt: dict, device) -> QNetwork:
     return q_network
 
 
-# ALGO LOGIC: sizes, the schedules, the loss, the update and the gradient all-reduce
+# ALGO LOGIC: sizes, schedules, the loss, the update and the gradient all-reduce
 @dataclass(frozen=True)
 class Sizes(rt.Sizes):
     local_buffer_size: int
@@ -189,7 +188,7 @@ def life_lost(lives: np.ndarray, prev_lives: np.ndarray) -> np.ndarray:
 
 
 def td_loss(model, target_network, obs, actions, rewards, next_obs, terminated, gamma: float):
-    """CleanRL's DQN loss of one local batch (`model` may be DDP): the loss and the actions' mean Q."""
+    """CleanRL's DQN loss (`model` may be DDP) and the mean Q of the taken actions."""
     with torch.no_grad():
         target_max, _ = target_network(next_obs).max(dim=1)
         td_target = rewards + gamma * target_max * (1 - terminated)
@@ -198,7 +197,7 @@ def td_loss(model, target_network, obs, actions, rewards, next_obs, terminated, 
 
 
 def update_q_network(data: dict, model, q_network, target_network, optimizer, args: Args, world_size: int):
-    """One step on this rank's batch `data`, gradients averaged over ranks; returns `td_loss`'s."""
+    """One step on this rank's batch, gradients averaged over ranks."""
     loss, q_mean = td_loss(model, target_network, **data, gamma=args.gamma)
     optimizer.zero_grad(set_to_none=False)
     loss.backward()
@@ -231,7 +230,6 @@ def main() -> None:
     sizes = derive_sizes(args, world_size)
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = ckpt["global_step"] if ckpt else 0
-    # the replay buffer is not saved: a resumed run refills it first
     train_start = args.learning_starts + global_step
     if ckpt and run.is_main:
         print(f"  updates restart at global step {train_start} (buffer refill)", flush=True)
@@ -249,7 +247,7 @@ def main() -> None:
             dist.broadcast(tensor, src=0)
     optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate)
     target_network = QNetwork(**agent_kwargs).to(device)
-    target_network.load_state_dict(q_network.state_dict())  # a copy of the synchronised online net
+    target_network.load_state_dict(q_network.state_dict())
     rt.seed_everything(rt.rank_seed(args.seed, rank))
     if ckpt:
         q_network.load_state_dict(ckpt["q_network"])
@@ -258,20 +256,20 @@ def main() -> None:
         rt.resume_rng(run, ckpt, args.seed)
     model = DDP(q_network) if world_size > 1 and args.grad_sync == "ddp" else q_network
 
-    # ALE's envs cannot be saved: a resumed run seeds them past the seeds used before
+    # ALE's envs cannot be saved: a resumed run takes unused seeds
     obs, infos = envs.reset(seed=args.seed + rank * n + (start_iteration - 1) * sizes.num_envs)
     rb = replay.FrameReplayBuffer(sizes.env_buffer_capacity, n, FRAME_SHAPE, STACK_NUM)
     obs_first = np.ones(n, dtype=bool)  # `obs` came from a reset
     obs_final = np.zeros(n, dtype=bool)  # `obs` is a game's last: the next step resets
     prev_lives = infos["lives"].copy()
     staging = torch.zeros(obs.shape, dtype=torch.uint8, pin_memory=run.on_cuda)
-    static_obs = staging.to(device)  # the graph's input (on the CPU the staging buffer itself)
+    static_obs = staging.to(device)  # the graph's input (on the CPU, staging itself)
 
     def greedy_actions():
-        with torch.no_grad():  # the unwrapped network: inference must not go through DDP
+        with torch.no_grad():  # unwrapped: acting skips DDP
             return q_network(static_obs).argmax(dim=1)
 
-    capture = graphs.enabled(args, run)  # on CUDA only: the CPU runs the same function eagerly
+    capture = graphs.enabled(args, run)  # CUDA only; the CPU runs eagerly
     greedy_actions = graphs.graphed(greedy_actions, capture)
     episodes = rt.Episodes(n)  # whole games
     sums = dict(td_loss=0.0, q_values=0.0, updates=0)  # since the last logged step
@@ -304,7 +302,7 @@ def main() -> None:
 
         # TRY NOT TO MODIFY: save data to the replay buffer (only the newest frame of the stack)
         rb.add(obs[:, -1], actions, atari.clip_reward(rewards), terminated, obs_first, obs_final)
-        obs_first, obs_final = obs_final, game_over  # the step after a final obs is an autoreset
+        obs_first, obs_final = obs_final, game_over
         prev_lives = lives.copy()
         obs = next_obs
 
@@ -333,11 +331,11 @@ def main() -> None:
             sums = dict.fromkeys(sums, 0.0)
             scalars = {"charts/epsilon": epsilon, "charts/updates": num_updates}
             scalars |= {"charts/target_updates": num_target_updates, "perf/update_seconds": update_seconds}
-            if m["updates"]:  # no losses in an interval without updates
+            if m["updates"]:
                 scalars |= {f"losses/{k}": m[k] / m["updates"] for k in ("td_loss", "q_values")}
             rt.log(run, global_step, scalars, m)
             update_seconds = 0.0
-        if rt.steps_crossed(prev_step, global_step, args.sync_check_every):  # target network too
+        if rt.steps_crossed(prev_step, global_step, args.sync_check_every):
             rt.check_replicas_in_sync(f"iteration {iteration}", world_size, q_network, target_network, optimizer)
         reached = evals.evaluate(run, q_network, eval_action, make_env, prev_step, global_step, ale=True)
 

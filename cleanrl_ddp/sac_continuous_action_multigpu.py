@@ -1,9 +1,8 @@
 """SAC for continuous actions (CleanRL's `sac_continuous_action.py`), data-parallel.
 
 Docs: docs/sac_continuous_action_multigpu.md. Needs MuJoCo: `pip install -e ".[mujoco]"`. Launched as
-cleanrl_ddp/ppo_multigpu.py is. Every rank steps its own envs into its own replay buffer; the gradients of
-the critics, the actor and the entropy temperature are averaged across ranks. Every schedule follows the
-GLOBAL step.
+cleanrl_ddp/ppo_multigpu.py is. Each rank fills its own replay buffer; gradients are averaged across ranks;
+schedules follow the global step.
 """
 
 import os
@@ -30,47 +29,47 @@ SCRIPT = os.path.basename(__file__)[: -len(".py")]
 @dataclass
 class Args(rt.RunArgs):
     exp_name: str = SCRIPT
-    """the name of this experiment (part of the run name)"""
+    """the name of this experiment"""
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
 
     # Algorithm specific arguments
     env_id: str = "Hopper-v5"
-    """the id of a gymnasium environment with a continuous (Box) action space"""
+    """the id of a gymnasium environment with a Box action space"""
     total_timesteps: int = 1000000
-    """env steps of the whole run, summed over all ranks"""
+    """total env steps, summed over all ranks"""
     local_num_envs: int = 1
     """the number of parallel environments on each rank"""
     buffer_size: int = 1000000
-    """transitions held by the replay buffers of ALL ranks together (each rank its own share)"""
+    """the replay memory size over all ranks (each rank holds its share)"""
     gamma: float = 0.99
     """the discount factor gamma"""
     tau: float = 0.005
     """target smoothing coefficient"""
     local_batch_size: int = 256
-    """transitions each rank samples from its own buffer per update"""
+    """the batch size each rank samples from its own buffer"""
     updates_per_iteration: int = 1
-    """updates per iteration (one step of all envs of all ranks); 1 keeps CleanRL's replay ratio"""
+    """updates per step of all envs of all ranks (1: CleanRL's replay ratio)"""
     learning_starts: int = 5000
-    """global step after which updates start (random actions before it)"""
+    """global step to start learning (random actions before)"""
     policy_lr: float = 3e-4
     """the learning rate of the policy network optimizer"""
     q_lr: float = 1e-3
-    """the learning rate of the Q network optimizer (and of the entropy temperature's)"""
+    """the learning rate of the Q network and temperature optimizers"""
     policy_frequency: int = 2
-    """train the actor (and temperature) N times every N critic updates (TD3's delayed update)"""
+    """N actor (and temperature) updates every N critic updates (delayed)"""
     target_network_frequency: int = 1
     """critic updates between target-network updates (Denis Yarats' implementation: 2)"""
     alpha: float = 0.2
-    """entropy regularization coefficient (the fixed one, without --autotune)"""
+    """entropy regularization coefficient (with --no-autotune)"""
     autotune: bool = True
     """automatic tuning of the entropy coefficient"""
     eval_greedy: bool = True
-    """if toggled, evaluation acts with the squashed mean; --no-eval-greedy samples"""
+    """if toggled, evaluation acts with the squashed mean, else samples"""
     log_every: int = 1000
-    """global steps between logged (all-reduced) metrics, where a preemption signal stops the run"""
+    """global steps between logged (all-reduced) metrics and preemption checks"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
-    """how gradients are averaged: DDP, or one all-reduce of all gradients flattened"""
+    """how gradients are averaged: DDP, or one flat all-reduce"""
     compile: bool = False
     """`torch.compile` the losses and their backward (docs/gpu.md)"""
     cudagraphs: bool = True
@@ -100,7 +99,7 @@ class SoftQNetwork(nn.Module):
 
 
 class TwinQ(nn.Module):
-    """CleanRL's qf1 and qf2 in one module: one optimizer (as CleanRL's), one DDP, one all-reduce."""
+    """CleanRL's qf1 and qf2 as one module: one optimizer, one DDP, one all-reduce."""
 
     def __init__(self, obs_dim: int, action_dim: int):
         super().__init__()
@@ -128,14 +127,13 @@ class Actor(nn.Module):
         self.register_buffer("action_bias", (high + low) / 2.0)
 
     def forward(self, x, generator: Optional[torch.Generator] = None):
-        """CleanRL's `get_action` as `forward`, which DDP hooks: (sample, its log-prob, squashed
-        mean); the noise from `generator` (evaluation) or torch's per-rank stream."""
+        """CleanRL's `get_action` as `forward`, which DDP hooks; noise from `generator` or this rank's stream."""
         x = F.relu(self.fc1(x))
         x = F.relu(self.fc2(x))
         mean = self.fc_mean(x)
         log_std = torch.tanh(self.fc_logstd(x))
         log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (log_std + 1)  # From SpinUp / Denis Yarats
-        # validation reads values: a wait on a GPU
+        # validation would wait for the GPU
         normal = torch.distributions.Normal(mean, log_std.exp(), validate_args=False)
         noise = torch.randn(mean.shape, generator=generator, device=mean.device)
         x_t = mean + log_std.exp() * noise  # for reparameterization trick (normal.rsample())
@@ -149,7 +147,7 @@ class Actor(nn.Module):
 
 
 def eval_action(actor: Actor, obs, greedy: bool, generator, args: Args):
-    """Evaluation's actions (cleanrl_ddp/evals.py): the deterministic actor's, or sampled."""
+    """Evaluation's actions (cleanrl_ddp/evals.py): the squashed mean, or sampled."""
     sampled, _, deterministic = actor(obs.float(), generator)
     return deterministic if greedy else sampled
 
@@ -160,7 +158,7 @@ def load_agent(ckpt: dict, device) -> Actor:
     return actor
 
 
-# ALGO LOGIC: sizes, the losses, the updates and the gradient all-reduce
+# ALGO LOGIC: sizes, losses, updates and the gradient all-reduce
 @dataclass(frozen=True)
 class Sizes(rt.Sizes):
     local_buffer_size: int
@@ -193,7 +191,7 @@ def derive_sizes(args: Args, world_size: int) -> Sizes:
 
 
 def critic_loss(qf_model, qf_target, actor, obs, actions, rewards, next_obs, terminations, alpha, gamma: float):
-    """The twin soft-Q values and losses of one local batch: qf1 and qf2 values, qf1 and qf2 loss."""
+    """The twin soft-Q values and losses of this rank's batch."""
     with torch.no_grad():
         next_state_actions, next_state_log_pi, _ = actor(next_obs)
         qf1_next_target, qf2_next_target = qf_target(next_obs, next_state_actions)
@@ -206,14 +204,14 @@ def critic_loss(qf_model, qf_target, actor, obs, actions, rewards, next_obs, ter
 
 
 def policy_loss(actor_model, qf, obs, alpha):
-    """The actor's loss of one local batch (`actor_model` may be DDP; `qf` unwrapped, frozen)."""
+    """The actor's loss (`actor_model` may be DDP; `qf` unwrapped, frozen)."""
     pi, log_pi, _ = actor_model(obs)
     qf1_pi, qf2_pi = qf(obs, pi)
     return ((alpha * log_pi.view(-1)) - torch.min(qf1_pi, qf2_pi)).mean()
 
 
 def temperature_loss(actor, log_alpha, obs, target_entropy: float):
-    """The entropy temperature's loss of one local batch, from the updated actor's log-probs."""
+    """The temperature's loss, from the updated actor's log-probs."""
     with torch.no_grad():
         _, log_pi, _ = actor(obs)
     return (-log_alpha.exp() * (log_pi + target_entropy)).mean()
@@ -221,7 +219,7 @@ def temperature_loss(actor, log_alpha, obs, target_entropy: float):
 
 @torch.no_grad()
 def soft_update(nets, targets, tau: float) -> None:
-    """Polyak-average `targets` towards `nets` (tau x online + (1 - tau) x target): one lerp."""
+    """Polyak-average `targets` towards `nets`, in one lerp."""
     online = [p for net in nets for p in net.parameters()]
     torch._foreach_lerp_([p for target in targets for p in target.parameters()], online, tau)
 
@@ -249,10 +247,9 @@ def main() -> None:
     rank, world_size, device = run.rank, run.world_size, run.device
     rt.check_env(args.env_id, make_env, gym.spaces.Box, hint="try Hopper-v5, HalfCheetah-v5 or Pendulum-v1")
     sizes = derive_sizes(args, world_size)
-    capture = graphs.enabled(args, run)  # on CUDA only: the CPU runs the same functions eagerly
+    capture = graphs.enabled(args, run)  # CUDA only; the CPU runs eagerly
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = ckpt["global_step"] if ckpt else 0
-    # the replay buffers are not saved: a resumed run refills them, acting with the resumed actor
     train_start = args.learning_starts + global_step
     if ckpt and run.is_main:
         print(f"  updates restart at global step {train_start} (buffer refill)", flush=True)
@@ -277,16 +274,16 @@ def main() -> None:
         for tensor in [*actor.state_dict().values(), *qf.state_dict().values()]:
             dist.broadcast(tensor, src=0)
     qf_target = TwinQ(obs_dim, action_dim).to(device)
-    qf_target.load_state_dict(qf.state_dict())  # a copy of the synchronised critics
-    # fused: one kernel per step; the learning rates tensors that a captured step reads
+    qf_target.load_state_dict(qf.state_dict())
+    # fused: one kernel per step; tensor learning rates for captured steps
     q_optimizer = graphs.optimizer(optim.Adam, qf.parameters(), args.q_lr, device, fused=True)
     actor_optimizer = graphs.optimizer(optim.Adam, actor.parameters(), args.policy_lr, device, fused=True)
-    # Automatic entropy tuning (log_alpha starts at 0 on every rank; unused with --no-autotune)
+    # Automatic entropy tuning
     target_entropy = -float(action_dim)
     log_alpha = torch.zeros(1, requires_grad=True, device=device)
     a_optimizer = graphs.optimizer(optim.Adam, [log_alpha], args.q_lr, device, fused=True)
     rt.seed_everything(rt.rank_seed(args.seed, rank))
-    # every learned quantity by its checkpoint key: all must stay identical on every rank
+    # everything learned, by checkpoint key: identical on every rank
     learned = dict(actor=actor, qf=qf, qf_target=qf_target, actor_optimizer=actor_optimizer)
     learned |= dict(q_optimizer=q_optimizer, a_optimizer=a_optimizer)
     num_updates = ckpt["num_updates"] if ckpt else 0
@@ -300,13 +297,13 @@ def main() -> None:
     # gradients allocated once, outside graph memory: backward adds to them
     for p in [*qf.parameters(), *actor.parameters(), log_alpha]:
         p.grad = torch.zeros_like(p)
-    # alpha stays on the device: a host read would make every actor update wait
+    # alpha stays on the device: no host wait per actor update
     alpha = log_alpha.detach().exp() if args.autotune else torch.full((1,), args.alpha, device=device)
     ddp = world_size > 1 and args.grad_sync == "ddp"
-    # the actor's buffers are constants, equal on every rank: no broadcast per forward
+    # the actor's buffers are equal constants: no broadcast per forward
     actor_model = DDP(actor, broadcast_buffers=False) if ddp else actor
     qf_model = DDP(qf) if ddp else qf
-    # --compile: the losses and their backward; with --cudagraphs the updates' graphs hold them
+    # --compile: the losses and their backward (its own graphs only without --cudagraphs)
     compile_mode = "reduce-overhead" if run.on_cuda and not capture else None
     losses = (critic_loss, policy_loss, temperature_loss)
     critic_loss_fn, policy_loss_fn, temperature_loss_fn = (
@@ -326,14 +323,13 @@ def main() -> None:
         q_optimizer.step()
 
     def actor_backward(obs):
-        # CRUCIAL: the critics unwrapped and frozen: the actor's backward neither reaches their DDP hooks (an
-        # all-reduce the flat path would not make) nor leaves critic gradients
+        # CRUCIAL: critics unwrapped and frozen: no critic all-reduce (as on the flat path), no critic gradients
         qf.requires_grad_(False)
         actor_loss = policy_loss_fn(actor_model, qf, obs, alpha)
         qf.requires_grad_(True)
         actor_optimizer.zero_grad(set_to_none=False)
         actor_loss.backward()
-        return actor_loss.detach().clone()  # a copy: a compiled graph's next call reuses its memory
+        return actor_loss.detach().clone()  # a copy: the graph's next call reuses its memory
 
     def actor_step():
         actor_optimizer.step()
@@ -352,13 +348,13 @@ def main() -> None:
     def update_targets():
         soft_update([qf], [qf_target], args.tau)
 
-    # --cudagraphs: no collective inside a graph, so across ranks each backward (eager under DDP,
-    # which all-reduces in it) and each step are graphed apart, around the all-reduces
+    # --cudagraphs: no all-reduce inside a graph: across ranks, backward and step are graphed apart
+    # (DDP's backward, which all-reduces, not at all)
     act = graphs.graphed(lambda obs: actor(obs)[0], capture)  # unwrapped: acting skips DDP
     update_targets = graphs.graphed(update_targets, capture)
     critic_backward = graphs.graphed(critic_backward, capture and flat)
     actor_backward = graphs.graphed(actor_backward, capture and flat)
-    # log_alpha has no DDP wrapper: its backward is captured across ranks too
+    # log_alpha has no DDP: its backward is graphed across ranks too
     temperature_backward = graphs.graphed(temperature_backward, capture and world_size > 1)
     critic_step = graphs.graphed(critic_step, capture and world_size > 1)
     actor_step = graphs.graphed(actor_step, capture and world_size > 1)
@@ -379,7 +375,7 @@ def main() -> None:
         if not args.autotune:
             return (actor_loss,)
         alpha_loss = temperature_backward(obs)
-        # CRUCIAL: log_alpha is in no DDP wrapper: its gradient is averaged by hand (on both --grad-sync paths)
+        # CRUCIAL: log_alpha has no DDP: its gradient is averaged by hand on either --grad-sync
         all_reduce_gradients_flat([log_alpha], world_size)
         temperature_step()
         return actor_loss, alpha_loss
@@ -388,13 +384,13 @@ def main() -> None:
     update_critics = graphs.graphed(update_critics, capture and world_size == 1)
     update_actor = graphs.graphed(update_actor, capture and world_size == 1)
 
-    # the envs are not saved: a resumed run seeds them past the seeds used before
+    # envs are not saved: a resumed run takes unused seeds
     obs, _ = envs.reset(seed=args.seed + rank * n + (start_iteration - 1) * sizes.num_envs)
-    # the replay buffer lives on the training device, sampled by this rank's own generator
+    # this rank's own replay buffer, on the device, sampled with its own generator
     sample_seed = rt.rank_seed(args.seed, rank, start_iteration)
     rb = replay.ReplayBuffer(sizes.local_buffer_size, obs_dim, action_dim, device, sample_seed)
     episodes = rt.Episodes(n)
-    # this rank's update sums since the last logged step, on the device until then
+    # this rank's sums since the last log, on the device
     loss_names = ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss", "actor_loss", "alpha_loss")
     sums = dict.fromkeys(("updates", "actor_updates", *loss_names), 0.0)
     update_seconds = 0.0  # rank 0's, per log interval
@@ -421,7 +417,7 @@ def main() -> None:
 
         # TRY NOT TO MODIFY: save data to the replay buffer; handle `final_obs`
         real_next_obs = next_obs.copy()
-        if done.any():  # SAME_STEP autoreset: next_obs is already the reset observation
+        if done.any():  # SAME_STEP autoreset: next_obs is the reset one
             real_next_obs[done] = np.stack(infos["final_obs"][done])
         rb.add(obs, real_next_obs, actions, rewards, terminations)
         obs = next_obs
@@ -454,13 +450,13 @@ def main() -> None:
         last = iteration == num_iterations
         logging = bool(rt.steps_crossed(prev_step, global_step, args.log_every)) or last
         if logging:
-            # alpha (equal on every rank) rides in the all-reduce: one device read per logged step
+            # alpha (equal on every rank) rides along: one device read per log
             m = rt.all_sum(run, sums | episodes.take() | dict(alpha=alpha[0]))
             sums = dict.fromkeys(sums, 0.0)
             scalars = {"losses/alpha": m["alpha"] / world_size, "charts/updates": num_updates}
             scalars["charts/actor_updates"] = num_actor_updates
             scalars["perf/update_seconds"] = update_seconds
-            if m["updates"]:  # no losses in an interval without updates
+            if m["updates"]:
                 scalars |= {f"losses/{k}": m[k] / m["updates"] for k in loss_names[:4]}
                 scalars["losses/qf_loss"] = (m["qf1_loss"] + m["qf2_loss"]) / m["updates"] / 2.0
             if m["actor_updates"]:
@@ -468,7 +464,7 @@ def main() -> None:
                 scalars |= {f"losses/{k}": m[k] / m["actor_updates"] for k in actor_losses}
             rt.log(run, global_step, scalars, m)
             update_seconds = 0.0
-        if rt.steps_crossed(prev_step, global_step, args.sync_check_every):  # targets, temperature too
+        if rt.steps_crossed(prev_step, global_step, args.sync_check_every):
             rt.check_replicas_in_sync(f"iteration {iteration}", world_size, *learned.values(), log_alpha)
         reached = evals.evaluate(run, actor, eval_action, make_env, prev_step, global_step)
 

@@ -1,8 +1,8 @@
 """TD3 for continuous actions (CleanRL's `td3_continuous_action.py`), data-parallel.
 
 Docs: docs/td3_continuous_action_multigpu.md. Needs MuJoCo: `pip install -e ".[mujoco]"`. Launched as
-cleanrl_ddp/ppo_multigpu.py is. Every rank steps its own envs into its own replay buffer; the gradients of
-the critics and the actor are averaged across ranks. Every schedule follows the GLOBAL step.
+cleanrl_ddp/ppo_multigpu.py is. Each rank fills its own replay buffer; gradients are averaged across ranks;
+schedules follow the global step.
 """
 
 import os
@@ -29,45 +29,45 @@ SCRIPT = os.path.basename(__file__)[: -len(".py")]
 @dataclass
 class Args(rt.RunArgs):
     exp_name: str = SCRIPT
-    """the name of this experiment (part of the run name)"""
+    """the name of this experiment"""
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
 
     # Algorithm specific arguments
     env_id: str = "Hopper-v5"
-    """the id of a gymnasium environment with a continuous (Box) action space"""
+    """the id of a gymnasium environment with a Box action space"""
     total_timesteps: int = 1000000
-    """env steps of the whole run, summed over all ranks"""
+    """total env steps, summed over all ranks"""
     learning_rate: float = 3e-4
-    """the learning rate of the actor's and the critics' optimizers"""
+    """the learning rate of the actor and critic optimizers"""
     local_num_envs: int = 1
     """the number of parallel environments on each rank"""
     buffer_size: int = 1000000
-    """transitions held by the replay buffers of ALL ranks together (each rank its own share)"""
+    """the replay memory size over all ranks (each rank holds its share)"""
     gamma: float = 0.99
     """the discount factor gamma"""
     tau: float = 0.005
     """target smoothing coefficient"""
     local_batch_size: int = 256
-    """transitions each rank samples from its own buffer per update"""
+    """the batch size each rank samples from its own buffer"""
     updates_per_iteration: int = 1
-    """updates per iteration (one step of all envs of all ranks); 1 keeps CleanRL's replay ratio"""
+    """updates per step of all envs of all ranks (1: CleanRL's replay ratio)"""
     policy_noise: float = 0.2
-    """the scale of the target policy smoothing noise (times the action scale)"""
+    """the scale of the target policy smoothing noise (x action scale)"""
     exploration_noise: float = 0.1
-    """the scale of the Gaussian exploration noise (times the action scale)"""
+    """the scale of the Gaussian exploration noise (x action scale)"""
     learning_starts: int = 25000
-    """global step after which updates start (random actions before it)"""
+    """global step to start learning (random actions before)"""
     policy_frequency: int = 2
-    """update the actor and the target networks every N critic updates (TD3's delayed update)"""
+    """critic updates between actor and target-network updates (delayed)"""
     noise_clip: float = 0.5
-    """the target policy smoothing noise is clipped to [-noise_clip, noise_clip] (x action scale)"""
+    """the clip of the target policy smoothing noise (x action scale)"""
     eval_greedy: bool = True
-    """if toggled, evaluation acts with the actor alone; --no-eval-greedy adds exploration noise"""
+    """if toggled, evaluation acts without exploration noise, else with it"""
     log_every: int = 1000
-    """global steps between logged (all-reduced) metrics, where a preemption signal stops the run"""
+    """global steps between logged (all-reduced) metrics and preemption checks"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
-    """how gradients are averaged: DDP, or one all-reduce of all gradients flattened"""
+    """how gradients are averaged: DDP, or one flat all-reduce"""
     compile: bool = False
     """`torch.compile` the losses and their backward (docs/gpu.md)"""
     cudagraphs: bool = True
@@ -97,7 +97,7 @@ class QNetwork(nn.Module):
 
 
 class TwinQ(nn.Module):
-    """CleanRL's qf1 and qf2 in one module: one optimizer (as CleanRL's), one DDP, one all-reduce."""
+    """CleanRL's qf1 and qf2 as one module: one optimizer, one DDP, one all-reduce."""
 
     def __init__(self, obs_dim: int, action_dim: int):
         super().__init__()
@@ -141,7 +141,7 @@ def load_agent(ckpt: dict, device) -> Actor:
     return actor
 
 
-# ALGO LOGIC: sizes, the losses, the updates and the gradient all-reduce
+# ALGO LOGIC: sizes, losses, updates and the gradient all-reduce
 @dataclass(frozen=True)
 class Sizes(rt.Sizes):
     local_buffer_size: int
@@ -174,8 +174,7 @@ def derive_sizes(args: Args, world_size: int) -> Sizes:
 
 
 def critic_loss(qf_model, qf_target, target_actor, obs, actions, rewards, next_obs, terminations, args: Args):
-    """The twin Q values and losses of one local batch: qf1 and qf2 values, qf1 and qf2 loss. The
-    target policy smoothing noise comes from this rank's torch stream."""
+    """The twin Q values and losses of this rank's batch; the smoothing noise from this rank's stream."""
     with torch.no_grad():
         noise = torch.randn(actions.shape, device=actions.device) * args.policy_noise
         clipped_noise = noise.clamp(-args.noise_clip, args.noise_clip) * target_actor.action_scale
@@ -192,14 +191,14 @@ def critic_loss(qf_model, qf_target, target_actor, obs, actions, rewards, next_o
 
 
 def policy_loss(actor_model, qf, obs):
-    """The actor's loss of one local batch, through the first critic (`qf` unwrapped, frozen)."""
+    """The actor's loss, through the first critic (`qf` unwrapped, frozen)."""
     qf1_pi = qf.qf1(obs, actor_model(obs))
     return -qf1_pi.mean()
 
 
 @torch.no_grad()
 def soft_update(nets, targets, tau: float) -> None:
-    """Polyak-average `targets` towards `nets` (tau x online + (1 - tau) x target): one lerp."""
+    """Polyak-average `targets` towards `nets`, in one lerp."""
     online = [p for net in nets for p in net.parameters()]
     torch._foreach_lerp_([p for target in targets for p in target.parameters()], online, tau)
 
@@ -227,10 +226,9 @@ def main() -> None:
     rank, world_size, device = run.rank, run.world_size, run.device
     rt.check_env(args.env_id, make_env, gym.spaces.Box, hint="try Hopper-v5, HalfCheetah-v5 or Pendulum-v1")
     sizes = derive_sizes(args, world_size)
-    capture = graphs.enabled(args, run)  # on CUDA only: the CPU runs the same functions eagerly
+    capture = graphs.enabled(args, run)  # CUDA only; the CPU runs eagerly
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = ckpt["global_step"] if ckpt else 0
-    # the replay buffers are not saved: a resumed run refills them, acting with the resumed actor
     train_start = args.learning_starts + global_step
     if ckpt and run.is_main:
         print(f"  updates restart at global step {train_start} (buffer refill)", flush=True)
@@ -256,13 +254,13 @@ def main() -> None:
             dist.broadcast(tensor, src=0)
     target_actor = Actor(**agent_kwargs).to(device)
     qf_target = TwinQ(obs_dim, action_dim).to(device)
-    target_actor.load_state_dict(actor.state_dict())  # copies of the synchronised networks
+    target_actor.load_state_dict(actor.state_dict())
     qf_target.load_state_dict(qf.state_dict())
-    # fused: one kernel per step; the learning rates tensors that a captured step reads
+    # fused: one kernel per step; tensor learning rates for captured steps
     q_optimizer = graphs.optimizer(optim.Adam, qf.parameters(), args.learning_rate, device, fused=True)
     actor_optimizer = graphs.optimizer(optim.Adam, actor.parameters(), args.learning_rate, device, fused=True)
     rt.seed_everything(rt.rank_seed(args.seed, rank))
-    # every learned quantity by its checkpoint key: all must stay identical on every rank
+    # everything learned, by checkpoint key: identical on every rank
     learned = dict(actor=actor, target_actor=target_actor, qf=qf, qf_target=qf_target)
     learned |= dict(actor_optimizer=actor_optimizer, q_optimizer=q_optimizer)
     num_updates = ckpt["num_updates"] if ckpt else 0
@@ -275,10 +273,10 @@ def main() -> None:
     for p in [*qf.parameters(), *actor.parameters()]:
         p.grad = torch.zeros_like(p)
     ddp = world_size > 1 and args.grad_sync == "ddp"
-    # the actor's buffers are constants, equal on every rank: no broadcast per forward
+    # the actor's buffers are equal constants: no broadcast per forward
     actor_model = DDP(actor, broadcast_buffers=False) if ddp else actor
     qf_model = DDP(qf) if ddp else qf
-    # --compile: the losses and their backward; with --cudagraphs the updates' graphs hold them
+    # --compile: the losses and their backward (its own graphs only without --cudagraphs)
     compile_mode = "reduce-overhead" if run.on_cuda and not capture else None
     critic_loss_fn, policy_loss_fn = (
         torch.compile(f, mode=compile_mode) if args.compile else f for f in (critic_loss, policy_loss)
@@ -297,8 +295,7 @@ def main() -> None:
         q_optimizer.step()
 
     def actor_backward(obs):
-        # CRUCIAL: the critics unwrapped and frozen: the actor's backward neither reaches their DDP hooks (an
-        # all-reduce the flat path would not make) nor leaves critic gradients
+        # CRUCIAL: critics unwrapped and frozen: no critic all-reduce (as on the flat path), no critic gradients
         qf.requires_grad_(False)
         actor_loss = policy_loss_fn(actor_model, qf, obs)
         qf.requires_grad_(True)
@@ -310,9 +307,9 @@ def main() -> None:
         actor_optimizer.step()
         soft_update([actor, qf], [target_actor, qf_target], args.tau)
 
-    # --cudagraphs: no collective inside a graph, so across ranks each backward (eager under DDP,
-    # which all-reduces in it) and each step are graphed apart, around the all-reduce
-    # the exploring action is evaluation's sampled one: the unwrapped actor (acting skips DDP) plus noise
+    # --cudagraphs: no all-reduce inside a graph: across ranks, backward and step are graphed apart
+    # (DDP's backward, which all-reduces, not at all)
+    # explore with evaluation's noisy action; unwrapped: acting skips DDP
     act = graphs.graphed(lambda obs: eval_action(actor, obs, False, None, args), capture)
     critic_backward = graphs.graphed(critic_backward, capture and flat)
     actor_backward = graphs.graphed(actor_backward, capture and flat)
@@ -337,13 +334,13 @@ def main() -> None:
     update_critics = graphs.graphed(update_critics, capture and world_size == 1)
     update_actor = graphs.graphed(update_actor, capture and world_size == 1)
 
-    # the envs are not saved: a resumed run seeds them past the seeds used before
+    # envs are not saved: a resumed run takes unused seeds
     obs, _ = envs.reset(seed=args.seed + rank * n + (start_iteration - 1) * sizes.num_envs)
-    # the replay buffer lives on the training device, sampled by this rank's own generator
+    # this rank's own replay buffer, on the device, sampled with its own generator
     sample_seed = rt.rank_seed(args.seed, rank, start_iteration)
     rb = replay.ReplayBuffer(sizes.local_buffer_size, obs_dim, action_dim, device, sample_seed)
     episodes = rt.Episodes(n)
-    # this rank's update sums since the last logged step, on the device until then
+    # this rank's sums since the last log, on the device
     loss_names = ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss")
     sums = dict.fromkeys(("updates", "actor_updates", *loss_names, "actor_loss"), 0.0)
     update_seconds = 0.0  # rank 0's, per log interval
@@ -371,7 +368,7 @@ def main() -> None:
 
         # TRY NOT TO MODIFY: save data to the replay buffer; handle `final_obs`
         real_next_obs = next_obs.copy()
-        if done.any():  # SAME_STEP autoreset: next_obs is already the reset observation
+        if done.any():  # SAME_STEP autoreset: next_obs is the reset one
             real_next_obs[done] = np.stack(infos["final_obs"][done])
         rb.add(obs, real_next_obs, actions, rewards, terminations)
         obs = next_obs
@@ -402,14 +399,14 @@ def main() -> None:
             sums = dict.fromkeys(sums, 0.0)
             scalars = {"charts/updates": num_updates, "charts/actor_updates": num_actor_updates}
             scalars["perf/update_seconds"] = update_seconds
-            if m["updates"]:  # no losses in an interval without updates
+            if m["updates"]:
                 scalars |= {f"losses/{k}": m[k] / m["updates"] for k in loss_names}
                 scalars["losses/qf_loss"] = (m["qf1_loss"] + m["qf2_loss"]) / m["updates"] / 2.0
             if m["actor_updates"]:
                 scalars["losses/actor_loss"] = m["actor_loss"] / m["actor_updates"]
             rt.log(run, global_step, scalars, m)
             update_seconds = 0.0
-        if rt.steps_crossed(prev_step, global_step, args.sync_check_every):  # target networks too
+        if rt.steps_crossed(prev_step, global_step, args.sync_check_every):
             rt.check_replicas_in_sync(f"iteration {iteration}", world_size, *learned.values())
         reached = evals.evaluate(run, actor, eval_action, make_env, prev_step, global_step)
 
