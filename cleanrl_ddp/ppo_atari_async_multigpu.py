@@ -1,13 +1,12 @@
 """PPO on Atari (Nature CNN), data-parallel, the emulator overlapped with the network (two env halves).
 
-Docs: docs/ppo_atari_async_multigpu.md. A variant of ppo_atari_multigpu.py: the same algorithm, flags, sizes,
-seeds and checkpoints, and the same rollout buffer, filled in another order. Launched the same ways:
+Docs: docs/ppo_atari_async_multigpu.md; two nodes and SLURM: the README.
 
     python cleanrl_ddp/ppo_atari_async_multigpu.py                                    # 1 process
     torchrun --standalone --nproc_per_node=2 cleanrl_ddp/ppo_atari_async_multigpu.py  # 2 processes, one machine
 
-Every rank splits its games into two halves, each an ALE C++ vector env of its own: while one half steps
-(`send` returns at once, `recv` takes the results in), the policy picks the other half's actions.
+A variant of ppo_atari_multigpu.py (the same algorithm, flags, sizes, seeds and checkpoints): each rank steps its
+games as two halves, each an ALE C++ vector env; while one half steps, the policy picks the other half's actions.
 """
 
 import os
@@ -36,7 +35,7 @@ SCRIPT = os.path.basename(__file__)[: -len(".py")]
 @dataclass
 class Args(rt.RunArgs):
     exp_name: str = SCRIPT
-    """the name of this experiment (part of the run name)"""
+    """the name of this experiment"""
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
 
@@ -46,11 +45,11 @@ class Args(rt.RunArgs):
     repeat_action_probability: Optional[float] = None
     """sticky actions; default 0.25 for `ALE/*-v5` ids (Machado et al., 2018), else 0.0"""
     total_timesteps: int = 10000000
-    """agent steps of the whole run, summed over all ranks (x4 for emulator frames)"""
+    """agent steps of the whole run, over all ranks (x4 for emulator frames)"""
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
     local_num_envs: int = 4
-    """the number of parallel environments on each rank, stepped as two halves (at least 2)"""
+    """the number of parallel environments on each rank (two halves: at least 2)"""
     num_steps: int = 128
     """the number of steps each environment runs per rollout"""
     anneal_lr: bool = True
@@ -60,11 +59,11 @@ class Args(rt.RunArgs):
     gae_lambda: float = 0.95
     """the lambda for the general advantage estimation"""
     num_minibatches: int = 4
-    """the number of minibatches per epoch (the same on every rank)"""
+    """the number of minibatches per epoch, on every rank"""
     update_epochs: int = 4
     """the K epochs to update the policy"""
     norm_adv: bool = True
-    """toggle advantage normalisation (statistics of the global minibatch, over all ranks)"""
+    """toggle advantage normalisation over the global minibatch"""
     clip_coef: float = 0.1
     """the surrogate clipping coefficient"""
     clip_vloss: bool = True
@@ -74,21 +73,21 @@ class Args(rt.RunArgs):
     vf_coef: float = 0.5
     """coefficient of the value loss"""
     max_grad_norm: float = 0.5
-    """the maximum norm for gradient clipping (of the averaged gradient)"""
+    """the maximum norm for clipping the averaged gradient"""
     target_kl: Optional[float] = None
-    """stop the epochs early when the KL averaged across ranks exceeds this"""
+    """stop the epochs when the KL averaged over ranks exceeds this"""
     eval_episodes: int = 10
-    """whole games (all lives) per evaluation, in rank 0's separate evaluation envs"""
+    """whole games (all lives) per evaluation, on rank 0"""
     eval_greedy: bool = False
-    """if toggled, evaluation takes the likeliest action (which can stall a game: no FIRE)"""
+    """if toggled, evaluation takes the likeliest action (it can stall a game: no FIRE)"""
     precision: Literal["fp32", "bf16"] = "fp32"
-    """`bf16`: the network under bfloat16 autocast (other numerics than fp32)"""
+    """`bf16`: the network under bfloat16 autocast"""
     channels_last: bool = True
-    """store conv weights and activations channels-last (NHWC): faster convolutions, same math"""
+    """conv weights and activations channels-last (NHWC): faster, same math"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
-    """how gradients are averaged: DDP, or one all-reduce of all gradients flattened"""
+    """how gradients are averaged: DDP, or one flat all-reduce"""
     cudagraphs: bool = True
-    """on CUDA, replay the policy steps, GAE and each minibatch update as CUDA graphs"""
+    """on CUDA, replay the policy steps, GAE and the update as CUDA graphs"""
 
 
 def make_env(env_id: str, num_envs: int, num_threads: int = 1, repeat_action_probability: float = 0.0):
@@ -121,7 +120,7 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 
 
 class Agent(nn.Module):
-    """The Nature-DQN CNN (Mnih et al., 2015) with a policy head and a value head."""
+    """The Nature-DQN CNN (Mnih et al., 2015), with policy and value heads."""
 
     def __init__(self, n_actions: int):
         super().__init__()
@@ -140,7 +139,7 @@ class Agent(nn.Module):
         self.critic = layer_init(nn.Linear(512, 1), std=1)
 
     def hidden(self, x):
-        # uint8 frames in, scaled here in their memory format: the rollout buffer stays uint8
+        # uint8 frames in, scaled here: the rollout buffer stays uint8
         channels_last = self.network[0].weight.is_contiguous(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
         return self.network(x * (1.0 / 255.0))
@@ -150,7 +149,7 @@ class Agent(nn.Module):
 
     def get_action_and_value(self, x, action=None):
         hidden = self.hidden(x)
-        # bf16 autocast: the layers in bf16; the softmax, log-probs and losses in float32
+        # under bf16 autocast: the softmax, log-probs and losses in float32
         logits = self.actor(hidden).float()
         probs = Categorical(logits=logits, validate_args=False)
         if action is None:
@@ -158,12 +157,12 @@ class Agent(nn.Module):
         return action, probs.log_prob(action), probs.entropy(), self.critic(hidden).float()
 
     def forward(self, x, action):
-        # the loss goes through `forward`, so that DDP averages its gradients; the rollout skips DDP
+        # the loss goes through `forward`, so that DDP averages its gradients
         return self.get_action_and_value(x, action)
 
 
 def eval_action(agent: Agent, obs, greedy: bool, generator, args: Args):
-    """Evaluation's actions (cleanrl_ddp/evals.py): the likeliest, or sampled from `generator`."""
+    """The likeliest action, or one sampled with `generator`."""
     logits = agent.actor(agent.hidden(obs)).float()
     if greedy:
         return logits.argmax(dim=1)
@@ -176,7 +175,7 @@ def load_agent(ckpt: dict, device) -> Agent:
     return agent
 
 
-# ALGO LOGIC: sizes, GAE, the loss and the gradient all-reduce (imported by the tests)
+# ALGO LOGIC: sizes, GAE, the loss and the gradient all-reduce
 @dataclass(frozen=True)
 class Sizes(rt.Sizes):
     local_batch_size: int
@@ -185,12 +184,12 @@ class Sizes(rt.Sizes):
 
 
 def halves(num_envs: int) -> tuple[slice, slice]:
-    """The columns of the rank's envs (and of the rollout buffer) that each half steps."""
+    """The columns of the rollout buffer (the rank's envs) that each half steps."""
     return slice(0, num_envs // 2), slice(num_envs // 2, num_envs)
 
 
 def derive_sizes(args: Args, world_size: int) -> Sizes:
-    """Global and per-rank sizes; raises RunError on bad input."""
+    """Global and per-rank sizes, or a RunError."""
     rt.require_at_least_1(args, "local_num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps")
     if args.local_num_envs < 2:
         raise rt.RunError(f"--local-num-envs must be at least 2 (two halves of envs), got {args.local_num_envs}")
@@ -219,7 +218,7 @@ def derive_sizes(args: Args, world_size: int) -> Sizes:
 
 
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
-    """GAE: (advantages, returns) of a [num_steps, num_envs] rollout, with CleanRL's `dones`."""
+    """GAE: (advantages, returns) of a [num_steps, num_envs] rollout."""
     num_steps = rewards.shape[0]
     advantages = torch.zeros_like(rewards)
     lastgaelam = 0
@@ -236,8 +235,7 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
 
 
 def normalize_advantages(adv: torch.Tensor, world_size: int) -> torch.Tensor:
-    """Normalise row k of `adv` [num_minibatches, local minibatch] with the mean and std of GLOBAL
-    minibatch k (row k of every rank): one all-reduce of float64 sums per epoch."""
+    """Normalise row k of `adv` [num_minibatches, local minibatch] by the mean and std of row k on all ranks."""
     a = adv.double()
     count = torch.full(a.shape[:-1], a.shape[-1], dtype=a.dtype, device=a.device)  # no host copy
     stats = torch.stack([a.sum(-1), (a * a).sum(-1), count])
@@ -250,7 +248,7 @@ def normalize_advantages(adv: torch.Tensor, world_size: int) -> torch.Tensor:
 
 
 def ppo_loss(model, mb_advantages, mb_obs, mb_actions, mb_logprobs, mb_returns, mb_values, args: Args):
-    """The clipped PPO loss of one local minibatch and its stats (detached); `model` may be DDP."""
+    """The clipped PPO loss of one local minibatch, and its stats; `model` may be DDP."""
     _, newlogprob, entropy, newvalue = model(mb_obs, mb_actions)
     logratio = newlogprob - mb_logprobs
     ratio = logratio.exp()
@@ -305,12 +303,12 @@ def main() -> None:
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = ckpt["global_step"] if ckpt else 0
 
-    # CRUCIAL: the same start weights on every rank, but each rank's own (disjoint) env seeds and random stream
+    # CRUCIAL: the same start weights on all ranks, but disjoint env seeds and random streams per rank
     rt.seed_everything(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     n = args.local_num_envs
     cols = halves(n)
-    # one vector env per half (ALE's batch_size < num_envs mixes them); threads as ppo_atari_multigpu's
+    # one vector env per half (ALE's batch_size < num_envs mixes them)
     half_sizes = [c.stop - c.start for c in cols]
     sticky = atari.sticky_action_probability(args)
     envs = [make_env(args.env_id, k, min(torch.get_num_threads(), k), sticky) for k in half_sizes]
@@ -320,7 +318,7 @@ def main() -> None:
     if world_size > 1:
         for tensor in agent.state_dict().values():  # the same start on either --grad-sync
             dist.broadcast(tensor, src=0)
-    # fused: one kernel for all parameters; the learning rate a tensor that a captured step reads
+    # the learning rate is a tensor that a captured step reads
     optimizer = graphs.optimizer(optim.Adam, agent.parameters(), args.learning_rate, device, eps=1e-5, fused=True)
     rt.seed_everything(rt.rank_seed(args.seed, rank))
     if ckpt:
@@ -330,14 +328,14 @@ def main() -> None:
     model = DDP(agent) if world_size > 1 and args.grad_sync == "ddp" else agent
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.precision == "bf16" else nullcontext()
 
-    # ALE's envs cannot be saved: a resumed run seeds them past the seeds used before
+    # ALE's envs cannot be saved: a resumed run seeds them past the used seeds
     env_seed0 = args.seed + rank * n + (start_iteration - 1) * sizes.num_envs
     # env i of the rank: seed env_seed0 + i
     resets = [envs[h].reset(seed=env_seed0 + c.start) for h, c in enumerate(cols)]
     prev_lives = [info["lives"] for _, info in resets]
     episodes = rt.Episodes(n)  # whole games (all lives)
 
-    # ALGO Logic: Storage setup, as in ppo_atari_multigpu.py; one staging buffer per half
+    # ALGO Logic: Storage setup, as in ppo_atari_multigpu.py
     stack, height, width = envs[0].single_observation_space.shape
     obs = torch.zeros((args.num_steps, n, height, width, stack), dtype=torch.uint8, device=device)
     actions = torch.zeros((args.num_steps, n), dtype=torch.long, device=device)
@@ -352,14 +350,14 @@ def main() -> None:
     rewards_np = host_rewards.numpy()
     dones_np = host_dones.numpy()
     steps = torch.arange(args.num_steps, device=device)
-    b_obs = obs.reshape(-1, height, width, stack).permute(0, 3, 1, 2)  # NCHW view
+    b_obs = obs.reshape(-1, height, width, stack).permute(0, 3, 1, 2)  # NCHW view, NHWC strides
     b_logprobs = logprobs.reshape(-1)
     b_actions = actions.reshape(-1)
     b_values = values.reshape(-1)
 
     def policy_step(step, h):
-        """Half `h`'s policy, written into rollout row `step` (a tensor: one graph for all rows)."""
-        # ALGO LOGIC: action logic (the unwrapped agent: inference must not go through DDP)
+        """Half `h`'s policy, written to rollout row `step` (a tensor: one graph for all rows)."""
+        # ALGO LOGIC: action logic (`agent`: inference must not go through DDP)
         with torch.no_grad(), autocast:
             action, logprob, _, value = agent.get_action_and_value(next_obs[h])
         values[step, cols[h]] = value.flatten()
@@ -374,7 +372,6 @@ def main() -> None:
             return compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
 
     def minibatch_backward(mb_inds, mb_advantages, b_returns):
-        # in ppo_loss's order
         minibatch = [b[mb_inds] for b in (b_obs, b_actions, b_logprobs, b_returns, b_values)]
         with autocast:
             loss, mb_stats = ppo_loss(model, mb_advantages, *minibatch, args)
@@ -393,7 +390,7 @@ def main() -> None:
     advantages_and_returns = graphs.graphed(advantages_and_returns, capture)
     minibatch_backward = graphs.graphed(minibatch_backward, capture and flat)
     clip_and_step = graphs.graphed(clip_and_step, capture and world_size > 1)
-    grad_sync = rt.Stopwatch()  # the flat all-reduce's wall time
+    grad_sync = rt.Stopwatch()
 
     def update(mb_inds, mb_advantages, b_returns):
         mb_stats = minibatch_backward(mb_inds, mb_advantages, b_returns)
@@ -403,7 +400,6 @@ def main() -> None:
         clip_and_step()
         return mb_stats
 
-    # at world size 1 the whole update is one graph
     update = graphs.graphed(update, capture and world_size == 1)
     num_iterations = sizes.num_iterations
     preempted = False
@@ -415,8 +411,7 @@ def main() -> None:
         graphs.set_lr(optimizer, lr)
 
         dones_np[0] = dones_np[-1]
-        # half h takes step `step` at half-step 2 * step + h and is taken in one half-step later:
-        # the policy picks one half's actions while the emulator steps the other half
+        # half h's step `step` is sent at half-step 2 * step + h and taken in one half-step later
         for i in range(2 * args.num_steps + 1):
             h, step = i % 2, i // 2
             if step < args.num_steps:
@@ -450,7 +445,7 @@ def main() -> None:
         num_updates = 0
         for _epoch in range(args.update_epochs):
             b_inds = torch.randperm(sizes.local_batch_size, device=device).view(-1, sizes.local_minibatch_size)
-            # CRUCIAL: minibatch k (row k) is normalised with the statistics of global minibatch k
+            # CRUCIAL: each minibatch is normalised with its global minibatch's statistics
             epoch_advantages = b_advantages[b_inds]
             if args.norm_adv:
                 epoch_advantages = normalize_advantages(epoch_advantages, world_size)
@@ -484,7 +479,7 @@ def main() -> None:
             "losses/explained_variance": np.nan if var_y == 0 else 1 - var_diff / var_y,
             "charts/updates_per_iteration": num_updates,
             **{k: v for k, v in m.items() if k.startswith("losses/")},
-            # rank 0's wall time, waits for other ranks included
+            # rank 0's wall time, with waits for other ranks
             "perf/rollout_seconds": update_start - rollout_start,
             "perf/update_seconds": update_seconds,
         }

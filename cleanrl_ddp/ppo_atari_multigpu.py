@@ -1,13 +1,12 @@
 """PPO on Atari (Nature CNN), data-parallel with torch.distributed.
 
-Docs: docs/ppo_atari_multigpu.md. Launch it (all ranks run this same file; two nodes and SLURM in the README):
+Docs: docs/ppo_atari_multigpu.md; two nodes and SLURM: the README.
 
     python cleanrl_ddp/ppo_atari_multigpu.py                                    # 1 process
     torchrun --standalone --nproc_per_node=2 cleanrl_ddp/ppo_atari_multigpu.py  # 2 processes, one machine
 
-Every rank steps its own `--local-num-envs` games in ALE's C++ vector env; gradients are averaged across
-ranks each minibatch (DDP, or one flat all-reduce with `--grad-sync flat`), so all ranks hold the same
-weights and together take `--total-timesteps` agent steps. Run plumbing lives in cleanrl_ddp/runtime.py.
+Each rank steps its own games in ALE's C++ vector env; gradients are averaged over ranks every minibatch, so all
+ranks keep the same weights.
 """
 
 import os
@@ -35,7 +34,7 @@ SCRIPT = os.path.basename(__file__)[: -len(".py")]
 @dataclass
 class Args(rt.RunArgs):
     exp_name: str = SCRIPT
-    """the name of this experiment (part of the run name)"""
+    """the name of this experiment"""
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
 
@@ -45,7 +44,7 @@ class Args(rt.RunArgs):
     repeat_action_probability: Optional[float] = None
     """sticky actions; default 0.25 for `ALE/*-v5` ids (Machado et al., 2018), else 0.0"""
     total_timesteps: int = 10000000
-    """agent steps of the whole run, summed over all ranks (x4 for emulator frames)"""
+    """agent steps of the whole run, over all ranks (x4 for emulator frames)"""
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
     local_num_envs: int = 4
@@ -59,11 +58,11 @@ class Args(rt.RunArgs):
     gae_lambda: float = 0.95
     """the lambda for the general advantage estimation"""
     num_minibatches: int = 4
-    """the number of minibatches per epoch (the same on every rank)"""
+    """the number of minibatches per epoch, on every rank"""
     update_epochs: int = 4
     """the K epochs to update the policy"""
     norm_adv: bool = True
-    """toggle advantage normalisation (statistics of the global minibatch, over all ranks)"""
+    """toggle advantage normalisation over the global minibatch"""
     clip_coef: float = 0.1
     """the surrogate clipping coefficient"""
     clip_vloss: bool = True
@@ -73,23 +72,23 @@ class Args(rt.RunArgs):
     vf_coef: float = 0.5
     """coefficient of the value loss"""
     max_grad_norm: float = 0.5
-    """the maximum norm for gradient clipping (of the averaged gradient)"""
+    """the maximum norm for clipping the averaged gradient"""
     target_kl: Optional[float] = None
-    """stop the epochs early when the KL averaged across ranks exceeds this"""
+    """stop the epochs when the KL averaged over ranks exceeds this"""
     eval_episodes: int = 10
-    """whole games (all lives) per evaluation, in rank 0's separate evaluation envs"""
+    """whole games (all lives) per evaluation, on rank 0"""
     eval_greedy: bool = False
-    """if toggled, evaluation takes the likeliest action (which can stall a game: no FIRE)"""
+    """if toggled, evaluation takes the likeliest action (it can stall a game: no FIRE)"""
     precision: Literal["fp32", "bf16"] = "fp32"
-    """`bf16`: the network under bfloat16 autocast (other numerics than fp32)"""
+    """`bf16`: the network under bfloat16 autocast"""
     channels_last: bool = True
-    """store conv weights and activations channels-last (NHWC): faster convolutions, same math"""
+    """conv weights and activations channels-last (NHWC): faster, same math"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
-    """how gradients are averaged: DDP, or one all-reduce of all gradients flattened"""
+    """how gradients are averaged: DDP, or one flat all-reduce"""
     compile: bool = False
     """`torch.compile` the loss and its backward (docs/gpu.md)"""
     cudagraphs: bool = True
-    """on CUDA, replay the policy step, GAE and each minibatch update as CUDA graphs"""
+    """on CUDA, replay the policy step, GAE and the update as CUDA graphs"""
 
 
 def make_env(env_id: str, num_envs: int, num_threads: int = 1, repeat_action_probability: float = 0.0):
@@ -122,7 +121,7 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 
 
 class Agent(nn.Module):
-    """The Nature-DQN CNN (Mnih et al., 2015) with a policy head and a value head."""
+    """The Nature-DQN CNN (Mnih et al., 2015), with policy and value heads."""
 
     def __init__(self, n_actions: int):
         super().__init__()
@@ -141,7 +140,7 @@ class Agent(nn.Module):
         self.critic = layer_init(nn.Linear(512, 1), std=1)
 
     def hidden(self, x):
-        # uint8 frames in, scaled here in their memory format: the rollout buffer stays uint8
+        # uint8 frames in, scaled here: the rollout buffer stays uint8
         channels_last = self.network[0].weight.is_contiguous(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
         return self.network(x * (1.0 / 255.0))
@@ -151,7 +150,7 @@ class Agent(nn.Module):
 
     def get_action_and_value(self, x, action=None):
         hidden = self.hidden(x)
-        # bf16 autocast: the layers in bf16; the softmax, log-probs and losses in float32
+        # under bf16 autocast: the softmax, log-probs and losses in float32
         logits = self.actor(hidden).float()
         probs = Categorical(logits=logits, validate_args=False)
         if action is None:
@@ -159,12 +158,12 @@ class Agent(nn.Module):
         return action, probs.log_prob(action), probs.entropy(), self.critic(hidden).float()
 
     def forward(self, x, action):
-        # the loss goes through `forward`, so that DDP averages its gradients; the rollout skips DDP
+        # the loss goes through `forward`, so that DDP averages its gradients
         return self.get_action_and_value(x, action)
 
 
 def eval_action(agent: Agent, obs, greedy: bool, generator, args: Args):
-    """Evaluation's actions (cleanrl_ddp/evals.py): the likeliest, or sampled from `generator`."""
+    """The likeliest action, or one sampled with `generator`."""
     logits = agent.actor(agent.hidden(obs)).float()
     if greedy:
         return logits.argmax(dim=1)
@@ -177,7 +176,7 @@ def load_agent(ckpt: dict, device) -> Agent:
     return agent
 
 
-# ALGO LOGIC: sizes, GAE, the loss and the gradient all-reduce (imported by the tests)
+# ALGO LOGIC: sizes, GAE, the loss and the gradient all-reduce
 @dataclass(frozen=True)
 class Sizes(rt.Sizes):
     local_batch_size: int
@@ -186,7 +185,7 @@ class Sizes(rt.Sizes):
 
 
 def derive_sizes(args: Args, world_size: int) -> Sizes:
-    """Global and per-rank sizes; raises RunError on bad input."""
+    """Global and per-rank sizes, or a RunError."""
     rt.require_at_least_1(args, "local_num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps")
     local_batch_size = args.local_num_envs * args.num_steps
     if local_batch_size % args.num_minibatches != 0:
@@ -213,7 +212,7 @@ def derive_sizes(args: Args, world_size: int) -> Sizes:
 
 
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
-    """GAE: (advantages, returns) of a [num_steps, num_envs] rollout, with CleanRL's `dones`."""
+    """GAE: (advantages, returns) of a [num_steps, num_envs] rollout."""
     num_steps = rewards.shape[0]
     advantages = torch.zeros_like(rewards)
     lastgaelam = 0
@@ -230,8 +229,7 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
 
 
 def normalize_advantages(adv: torch.Tensor, world_size: int) -> torch.Tensor:
-    """Normalise row k of `adv` [num_minibatches, local minibatch] with the mean and std of GLOBAL
-    minibatch k (row k of every rank): one all-reduce of float64 sums per epoch."""
+    """Normalise row k of `adv` [num_minibatches, local minibatch] by the mean and std of row k on all ranks."""
     a = adv.double()
     count = torch.full(a.shape[:-1], a.shape[-1], dtype=a.dtype, device=a.device)  # no host copy
     stats = torch.stack([a.sum(-1), (a * a).sum(-1), count])
@@ -244,7 +242,7 @@ def normalize_advantages(adv: torch.Tensor, world_size: int) -> torch.Tensor:
 
 
 def ppo_loss(model, mb_advantages, mb_obs, mb_actions, mb_logprobs, mb_returns, mb_values, args: Args):
-    """The clipped PPO loss of one local minibatch and its stats (detached); `model` may be DDP."""
+    """The clipped PPO loss of one local minibatch, and its stats; `model` may be DDP."""
     _, newlogprob, entropy, newvalue = model(mb_obs, mb_actions)
     logratio = newlogprob - mb_logprobs
     ratio = logratio.exp()
@@ -299,11 +297,11 @@ def main() -> None:
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = ckpt["global_step"] if ckpt else 0
 
-    # CRUCIAL: the same start weights on every rank, but each rank's own (disjoint) env seeds and random stream
+    # CRUCIAL: the same start weights on all ranks, but disjoint env seeds and random streams per rank
     rt.seed_everything(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     n = args.local_num_envs
-    # env threads: the rank's share of its cores, as torch's (rollout and update alternate)
+    # env threads: torch's, the rank's share of its cores (rollout and update take turns)
     envs = make_env(args.env_id, n, min(torch.get_num_threads(), n), atari.sticky_action_probability(args))
     agent_kwargs = dict(n_actions=int(envs.single_action_space.n))  # saved for evaluate.py
     memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
@@ -311,7 +309,7 @@ def main() -> None:
     if world_size > 1:
         for tensor in agent.state_dict().values():  # the same start on either --grad-sync
             dist.broadcast(tensor, src=0)
-    # fused: one kernel for all parameters; the learning rate a tensor that a captured step reads
+    # the learning rate is a tensor that a captured step reads
     optimizer = graphs.optimizer(optim.Adam, agent.parameters(), args.learning_rate, device, eps=1e-5, fused=True)
     rt.seed_everything(rt.rank_seed(args.seed, rank))
     if ckpt:
@@ -328,7 +326,7 @@ def main() -> None:
     loss_fn = torch.compile(ppo_loss, mode=compile_mode) if args.compile else ppo_loss
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.precision == "bf16" else nullcontext()
 
-    # ALE's envs cannot be saved: a resumed run seeds them past the seeds used before
+    # ALE's envs cannot be saved: a resumed run seeds them past the used seeds
     env_seed0 = args.seed + rank * n + (start_iteration - 1) * sizes.num_envs
     frames, info = envs.reset(seed=env_seed0)
     prev_lives = info["lives"]
@@ -357,8 +355,8 @@ def main() -> None:
     b_values = values.reshape(-1)
 
     def policy_step(step):
-        """The policy on `next_obs`, written into rollout row `step` (a tensor: one graph for all rows)."""
-        # ALGO LOGIC: action logic (the unwrapped agent: inference must not go through DDP)
+        """The policy on `next_obs`, written to rollout row `step` (a tensor: one graph for all rows)."""
+        # ALGO LOGIC: action logic (`agent`: inference must not go through DDP)
         with torch.no_grad(), autocast:
             action, logprob, _, value = agent.get_action_and_value(next_obs)
         values[step] = value.flatten()
@@ -373,7 +371,6 @@ def main() -> None:
             return compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
 
     def minibatch_backward(mb_inds, mb_advantages, b_returns):
-        # in ppo_loss's order
         minibatch = [b[mb_inds] for b in (b_obs, b_actions, b_logprobs, b_returns, b_values)]
         with autocast:
             loss, mb_stats = loss_fn(model, mb_advantages, *minibatch, args)
@@ -392,7 +389,7 @@ def main() -> None:
     advantages_and_returns = graphs.graphed(advantages_and_returns, capture)
     minibatch_backward = graphs.graphed(minibatch_backward, capture and flat)
     clip_and_step = graphs.graphed(clip_and_step, capture and world_size > 1)
-    grad_sync = rt.Stopwatch()  # the flat all-reduce's wall time
+    grad_sync = rt.Stopwatch()
 
     def update(mb_inds, mb_advantages, b_returns):
         mb_stats = minibatch_backward(mb_inds, mb_advantages, b_returns)
@@ -402,7 +399,6 @@ def main() -> None:
         clip_and_step()
         return mb_stats
 
-    # at world size 1 the whole update is one graph
     update = graphs.graphed(update, capture and world_size == 1)
     num_iterations = sizes.num_iterations
     preempted = False
@@ -441,7 +437,7 @@ def main() -> None:
         num_updates = 0
         for _epoch in range(args.update_epochs):
             b_inds = torch.randperm(sizes.local_batch_size, device=device).view(-1, sizes.local_minibatch_size)
-            # CRUCIAL: minibatch k (row k) is normalised with the statistics of global minibatch k
+            # CRUCIAL: each minibatch is normalised with its global minibatch's statistics
             epoch_advantages = b_advantages[b_inds]
             if args.norm_adv:
                 epoch_advantages = normalize_advantages(epoch_advantages, world_size)
@@ -475,7 +471,7 @@ def main() -> None:
             "losses/explained_variance": np.nan if var_y == 0 else 1 - var_diff / var_y,
             "charts/updates_per_iteration": num_updates,
             **{k: v for k, v in m.items() if k.startswith("losses/")},
-            # rank 0's wall time, waits for other ranks included
+            # rank 0's wall time, with waits for other ranks
             "perf/rollout_seconds": update_start - rollout_start,
             "perf/update_seconds": update_seconds,
         }

@@ -1,13 +1,11 @@
 """PPO for discrete-action classic control, data-parallel with torch.distributed.
 
-Docs: docs/ppo_multigpu.md. Launch it (all ranks run this same file; two nodes and SLURM in the README):
+Docs: docs/ppo_multigpu.md; two nodes and SLURM: the README.
 
     python cleanrl_ddp/ppo_multigpu.py                                    # 1 process
     torchrun --standalone --nproc_per_node=2 cleanrl_ddp/ppo_multigpu.py  # 2 processes, one machine
 
-Every rank steps its own `--local-num-envs` envs; gradients are averaged across ranks each minibatch
-(DDP, or one flat all-reduce with `--grad-sync flat`), so all ranks hold the same weights and together
-take `--total-timesteps` env steps. Run plumbing lives in cleanrl_ddp/runtime.py.
+Each rank steps its own envs; gradients are averaged over ranks every minibatch, so all ranks keep the same weights.
 """
 
 import os
@@ -34,15 +32,15 @@ SCRIPT = os.path.basename(__file__)[: -len(".py")]
 @dataclass
 class Args(rt.RunArgs):
     exp_name: str = SCRIPT
-    """the name of this experiment (part of the run name)"""
+    """the name of this experiment"""
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True`"""
 
     # Algorithm specific arguments
     env_id: str = "CartPole-v1"
-    """the id of a gymnasium environment with a discrete action space"""
+    """the id of the environment (discrete actions)"""
     total_timesteps: int = 500000
-    """env steps of the whole run, summed over all ranks"""
+    """env steps of the whole run, over all ranks"""
     learning_rate: float = 2.5e-4
     """the learning rate of the optimizer"""
     local_num_envs: int = 4
@@ -56,11 +54,11 @@ class Args(rt.RunArgs):
     gae_lambda: float = 0.95
     """the lambda for the general advantage estimation"""
     num_minibatches: int = 4
-    """the number of minibatches per epoch (the same on every rank)"""
+    """the number of minibatches per epoch, on every rank"""
     update_epochs: int = 4
     """the K epochs to update the policy"""
     norm_adv: bool = True
-    """toggle advantage normalisation (statistics of the global minibatch, over all ranks)"""
+    """toggle advantage normalisation over the global minibatch"""
     clip_coef: float = 0.2
     """the surrogate clipping coefficient"""
     clip_vloss: bool = True
@@ -70,15 +68,15 @@ class Args(rt.RunArgs):
     vf_coef: float = 0.5
     """coefficient of the value loss"""
     max_grad_norm: float = 0.5
-    """the maximum norm for gradient clipping (of the averaged gradient)"""
+    """the maximum norm for clipping the averaged gradient"""
     target_kl: Optional[float] = None
-    """stop the epochs early when the KL averaged across ranks exceeds this"""
+    """stop the epochs when the KL averaged over ranks exceeds this"""
     eval_greedy: bool = True
-    """if toggled, evaluation takes the most likely action; --no-eval-greedy samples"""
+    """if toggled, evaluation takes the likeliest action, else samples"""
     grad_sync: Literal["ddp", "flat"] = "ddp"
-    """how gradients are averaged: DDP, or one all-reduce of all gradients flattened"""
+    """how gradients are averaged: DDP, or one flat all-reduce"""
     cudagraphs: bool = True
-    """on CUDA, replay the policy step, GAE and each minibatch update as CUDA graphs"""
+    """on CUDA, replay the policy step, GAE and the update as CUDA graphs"""
 
 
 def make_env(env_id: str, render_mode: Optional[str] = None):
@@ -124,12 +122,12 @@ class Agent(nn.Module):
         return action, probs.log_prob(action), probs.entropy(), self.critic(x)
 
     def forward(self, x, action):
-        # the loss goes through `forward`, so that DDP averages its gradients; the rollout skips DDP
+        # the loss goes through `forward`, so that DDP averages its gradients
         return self.get_action_and_value(x, action)
 
 
 def eval_action(agent: Agent, obs, greedy: bool, generator, args: Args):
-    """Evaluation's actions (cleanrl_ddp/evals.py): the likeliest, or sampled from `generator`."""
+    """The likeliest action, or one sampled with `generator`."""
     logits = agent.actor(obs)
     if greedy:
         return logits.argmax(dim=1)
@@ -142,7 +140,7 @@ def load_agent(ckpt: dict, device) -> Agent:
     return agent
 
 
-# ALGO LOGIC: sizes, GAE, the loss and the gradient all-reduce (imported by the tests)
+# ALGO LOGIC: sizes, GAE, the loss and the gradient all-reduce
 @dataclass(frozen=True)
 class Sizes(rt.Sizes):
     local_batch_size: int
@@ -151,7 +149,7 @@ class Sizes(rt.Sizes):
 
 
 def derive_sizes(args: Args, world_size: int) -> Sizes:
-    """Global and per-rank sizes; raises RunError on bad input."""
+    """Global and per-rank sizes, or a RunError."""
     rt.require_at_least_1(args, "local_num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps")
     local_batch_size = args.local_num_envs * args.num_steps
     if local_batch_size % args.num_minibatches != 0:
@@ -178,7 +176,7 @@ def derive_sizes(args: Args, world_size: int) -> Sizes:
 
 
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
-    """GAE: (advantages, returns) of a [num_steps, num_envs] rollout, with CleanRL's `dones`."""
+    """GAE: (advantages, returns) of a [num_steps, num_envs] rollout."""
     num_steps = rewards.shape[0]
     advantages = torch.zeros_like(rewards)
     lastgaelam = 0
@@ -195,8 +193,7 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
 
 
 def normalize_advantages(adv: torch.Tensor, world_size: int) -> torch.Tensor:
-    """Normalise row k of `adv` [num_minibatches, local minibatch] with the mean and std of GLOBAL
-    minibatch k (row k of every rank): one all-reduce of float64 sums per epoch."""
+    """Normalise row k of `adv` [num_minibatches, local minibatch] by the mean and std of row k on all ranks."""
     a = adv.double()
     count = torch.full(a.shape[:-1], a.shape[-1], dtype=a.dtype, device=a.device)  # no host copy
     stats = torch.stack([a.sum(-1), (a * a).sum(-1), count])
@@ -209,7 +206,7 @@ def normalize_advantages(adv: torch.Tensor, world_size: int) -> torch.Tensor:
 
 
 def ppo_loss(model, mb_advantages, mb_obs, mb_actions, mb_logprobs, mb_returns, mb_values, args: Args):
-    """The clipped PPO loss of one local minibatch and its stats (detached); `model` may be DDP."""
+    """The clipped PPO loss of one local minibatch, and its stats; `model` may be DDP."""
     _, newlogprob, entropy, newvalue = model(mb_obs, mb_actions)
     logratio = newlogprob - mb_logprobs
     ratio = logratio.exp()
@@ -270,7 +267,7 @@ def main() -> None:
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = ckpt["global_step"] if ckpt else 0
 
-    # CRUCIAL: the same start weights on every rank, but each rank's own (disjoint) env seeds and random stream
+    # CRUCIAL: the same start weights on all ranks, but disjoint env seeds and random streams per rank
     rt.seed_everything(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     envs = gym.vector.SyncVectorEnv(
@@ -285,14 +282,14 @@ def main() -> None:
     if world_size > 1:
         for tensor in agent.state_dict().values():  # the same start on either --grad-sync
             dist.broadcast(tensor, src=0)
-    # fused: one kernel for all parameters; the learning rate a tensor that a captured step reads
+    # the learning rate is a tensor that a captured step reads
     optimizer = graphs.optimizer(optim.Adam, agent.parameters(), args.learning_rate, device, eps=1e-5, fused=True)
     rt.seed_everything(rt.rank_seed(args.seed, rank))
     if ckpt:
         agent.load_state_dict(ckpt["agent"])
         optimizer.load_state_dict(ckpt["optimizer"])
         rt.resume_rng(run, ckpt, args.seed)
-    # gradients allocated once, outside graph memory: backward adds to them
+    # gradients allocated once, outside graph memory (backward accumulates)
     for p in agent.parameters():
         p.grad = torch.zeros_like(p)
     model = DDP(agent) if world_size > 1 and args.grad_sync == "ddp" else agent
@@ -301,7 +298,7 @@ def main() -> None:
     next_obs_np, _ = envs.reset(seed=env_seed0)
     episodes = rt.Episodes(args.local_num_envs)
     next_done = np.zeros(args.local_num_envs)
-    if ckpt:  # every env continues exactly where it was, whichever rank steps it now
+    if ckpt:  # every env continues where it was, whichever rank steps it now
         share = env_state.split_for_rank(run, ckpt)
         if env_state.restore(run, envs.envs, share[0] if share else None):
             next_obs_np, next_done, episodes.returns, episodes.lengths = (x.numpy() for x in share[1:])
@@ -324,14 +321,14 @@ def main() -> None:
     all_dones = host_dones.to(device)
     graphs.fill(next_obs, next_obs_np, staging)
     steps = torch.arange(args.num_steps, device=device)
-    b_obs = obs.reshape((-1,) + obs_shape)  # the flattened batch: views of the rollout buffers
+    b_obs = obs.reshape((-1,) + obs_shape)  # flatten the batch (views)
     b_logprobs = logprobs.reshape(-1)
     b_actions = actions.reshape(-1)
     b_values = values.reshape(-1)
 
     def policy_step(step):
-        """The policy on `next_obs`, written into rollout row `step` (a tensor: one graph for all rows)."""
-        # ALGO LOGIC: action logic (the unwrapped agent: inference must not go through DDP)
+        """The policy on `next_obs`, written to rollout row `step` (a tensor: one graph for all rows)."""
+        # ALGO LOGIC: action logic (`agent`: inference must not go through DDP)
         with torch.no_grad():
             action, logprob, _, value = agent.get_action_and_value(next_obs)
         values[step] = value.flatten()
@@ -345,7 +342,6 @@ def main() -> None:
             return compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
 
     def minibatch_backward(mb_inds, mb_advantages, b_returns):
-        # in ppo_loss's order
         minibatch = [b[mb_inds] for b in (b_obs, b_actions, b_logprobs, b_returns, b_values)]
         loss, mb_stats = ppo_loss(model, mb_advantages, *minibatch, args)
         optimizer.zero_grad(set_to_none=False)
@@ -364,7 +360,7 @@ def main() -> None:
     advantages_and_returns = graphs.graphed(advantages_and_returns, capture)
     minibatch_backward = graphs.graphed(minibatch_backward, capture and flat)
     clip_and_step = graphs.graphed(clip_and_step, capture and world_size > 1)
-    grad_sync = rt.Stopwatch()  # the flat all-reduce's wall time
+    grad_sync = rt.Stopwatch()
 
     def update(mb_inds, mb_advantages, b_returns):
         mb_stats = minibatch_backward(mb_inds, mb_advantages, b_returns)
@@ -374,7 +370,6 @@ def main() -> None:
         clip_and_step()
         return mb_stats
 
-    # at world size 1 the whole update is one graph
     update = graphs.graphed(update, capture and world_size == 1)
     num_iterations = sizes.num_iterations
     preempted = False
@@ -411,7 +406,7 @@ def main() -> None:
         num_updates = 0
         for _epoch in range(args.update_epochs):
             b_inds = torch.randperm(sizes.local_batch_size, device=device).view(-1, sizes.local_minibatch_size)
-            # CRUCIAL: minibatch k (row k) is normalised with the statistics of global minibatch k
+            # CRUCIAL: each minibatch is normalised with its global minibatch's statistics
             epoch_advantages = b_advantages[b_inds]
             if args.norm_adv:
                 epoch_advantages = normalize_advantages(epoch_advantages, world_size)
@@ -445,7 +440,7 @@ def main() -> None:
             "losses/explained_variance": np.nan if var_y == 0 else 1 - var_diff / var_y,
             "charts/updates_per_iteration": num_updates,
             **{k: v for k, v in m.items() if k.startswith("losses/")},
-            # rank 0's wall time, waits for other ranks included
+            # rank 0's wall time, with waits for other ranks
             "perf/rollout_seconds": update_start - rollout_start,
             "perf/update_seconds": update_seconds,
         }
@@ -460,7 +455,7 @@ def main() -> None:
         preempted = rt.preempted(run)  # a SIGTERM/SIGUSR1 on any rank stops every rank here
         last = iteration == num_iterations or preempted or reached
         if last or rt.steps_crossed(prev_step, global_step, args.checkpoint_every):
-            # this rank's envs as data (tensors, numbers), never pickled objects
+            # this rank's envs as data, never pickled objects
             env_states = [env_state.capture(env) for env in envs.envs]
             host_state = (host_dones[-1].clone(), *map(torch.from_numpy, (episodes.returns, episodes.lengths)))
             rank_state = (env_states, staging.clone(), *host_state)
