@@ -1,6 +1,6 @@
 """PPO on Atari (Nature CNN), data-parallel, the emulator overlapped with the network (two env halves).
 
-Docs: docs/ppo_atari_async_multigpu.md; two nodes and SLURM: the README.
+Docs: docs/ppo_atari_async_multigpu.md. Launch (two nodes, SLURM: the README):
 
     python cleanrl_ddp/ppo_atari_async_multigpu.py                                    # 1 process
     torchrun --standalone --nproc_per_node=2 cleanrl_ddp/ppo_atari_async_multigpu.py  # 2 processes, one machine

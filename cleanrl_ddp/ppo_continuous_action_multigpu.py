@@ -2,7 +2,7 @@
 
 Docs: docs/ppo_continuous_action_multigpu.md. Needs MuJoCo: `pip install -e ".[mujoco]"`. Launched as
 cleanrl_ddp/ppo_multigpu.py is. Gradients are averaged across ranks each minibatch; the normalisation
-statistics are merged each iteration.
+statistics are merged across ranks each iteration.
 """
 
 import os

@@ -1,6 +1,6 @@
 """PPO for discrete-action classic control, data-parallel with torch.distributed.
 
-Docs: docs/ppo_multigpu.md; two nodes and SLURM: the README.
+Docs: docs/ppo_multigpu.md. Launch (two nodes, SLURM: the README):
 
     python cleanrl_ddp/ppo_multigpu.py                                    # 1 process
     torchrun --standalone --nproc_per_node=2 cleanrl_ddp/ppo_multigpu.py  # 2 processes, one machine
