@@ -325,6 +325,9 @@ def main() -> None:
         agent.load_state_dict(ckpt["agent"])
         optimizer.load_state_dict(ckpt["optimizer"])
         rt.resume_rng(run, ckpt, args.seed)
+    # gradients allocated once, outside graph memory, in their parameters' memory format (for DDP)
+    for p in agent.parameters():
+        p.grad = torch.zeros_like(p)
     model = DDP(agent) if world_size > 1 and args.grad_sync == "ddp" else agent
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if args.precision == "bf16" else nullcontext()
 
