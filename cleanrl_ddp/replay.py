@@ -1,10 +1,11 @@
 """One rank's replay memory (CleanRL imports SB3's `ReplayBuffer`): SAC's and TD3's on the training device, where the
-updates read it (docs/sac_continuous_action_multigpu.md, detail 9); DQN's Atari frames on the host, each stored once
-(docs/dqn_atari_multigpu.md, details 3, 4 and 9)."""
+updates read it (docs/sac_continuous_action_multigpu.md, detail 9), saved in checkpoints with the envs that fill it;
+DQN's Atari frames on the host, each stored once (docs/dqn_atari_multigpu.md, details 3, 4 and 9)."""
 
 import numpy as np
 import torch
 
+from cleanrl_ddp import env_state
 from cleanrl_ddp import runtime as rt
 
 
@@ -38,6 +39,41 @@ class ReplayBuffer:
             next_obs=next_obs,
             terminations=terminations.view(-1),
         )
+
+    def state_dict(self) -> dict:
+        """The stored transitions (the filled rows), the next row written and the sampling stream, as data."""
+        return dict(rows=self.rows[: self.size].cpu(), pos=self.pos, generator=self.generator.get_state())
+
+    def load_state_dict(self, state: dict) -> None:
+        rows = state["rows"]
+        self.rows[: len(rows)] = rows.to(self.rows.device)
+        self.pos, self.size = state["pos"], len(rows)
+        self.generator.set_state(state["generator"])
+
+
+def rank_state(rb: ReplayBuffer, envs, obs: np.ndarray, episodes: rt.Episodes) -> dict:
+    """This rank's part of a checkpoint: its envs as data, their observations and running episodes, its buffer."""
+    envs_state = [env_state.capture(env) for env in envs.envs]
+    arrays = (obs, episodes.returns, episodes.lengths)
+    return dict(envs=envs_state, arrays=[torch.from_numpy(a.copy()) for a in arrays], buffer=rb.state_dict())
+
+
+def resume(run, ckpt: dict, rb: ReplayBuffer, envs, episodes: rt.Episodes, obs: np.ndarray) -> np.ndarray:
+    """Continue this rank's (reset) envs and its replay buffer from `ckpt`; the observations to act on next.
+
+    They go on as saved at the same world size. Otherwise (each rank's buffer holds its own envs' steps), or from a
+    checkpoint without them, or for an env family with no state function, the envs keep their reset `obs` and the
+    buffer stays empty: the caller refills it.
+    """
+    saved = ckpt["rank_state"]
+    if ckpt["world_size"] != run.world_size or not all(isinstance(s, dict) for s in saved):
+        return obs
+    mine = saved[run.rank]
+    if not env_state.restore(run, envs.envs, mine["envs"]):
+        return obs
+    rb.load_state_dict(mine["buffer"])
+    obs, episodes.returns, episodes.lengths = (a.numpy() for a in mine["arrays"])
+    return obs
 
 
 class FrameReplayBuffer:

@@ -229,9 +229,6 @@ def main() -> None:
     capture = graphs.enabled(args, run)  # CUDA only; the CPU runs eagerly
     start_iteration = ckpt["iteration"] + 1 if ckpt else 1
     global_step = ckpt["global_step"] if ckpt else 0
-    train_start = args.learning_starts + global_step
-    if ckpt and run.is_main:
-        print(f"  updates restart at global step {train_start} (buffer refill)", flush=True)
 
     # CRUCIAL: the same start weights on every rank, but each rank's own (disjoint) env seeds and random stream
     rt.seed_everything(args.seed)
@@ -334,12 +331,16 @@ def main() -> None:
     update_critics = graphs.graphed(update_critics, capture and world_size == 1)
     update_actor = graphs.graphed(update_actor, capture and world_size == 1)
 
-    # envs are not saved: a resumed run takes unused seeds
-    obs, _ = envs.reset(seed=args.seed + rank * n + (start_iteration - 1) * sizes.num_envs)
     # this rank's own replay buffer, on the device, sampled with its own generator
     sample_seed = rt.rank_seed(args.seed, rank, start_iteration)
     rb = replay.ReplayBuffer(sizes.local_buffer_size, obs_dim, action_dim, device, sample_seed)
     episodes = rt.Episodes(n)
+    obs, _ = envs.reset(seed=args.seed + rank * n + (start_iteration - 1) * sizes.num_envs)
+    # a resume continues each rank's envs and buffer; at another world size: the unused seeds above, and a refill
+    obs = replay.resume(run, ckpt, rb, envs, episodes, obs) if ckpt else obs
+    train_start = args.learning_starts + (global_step if ckpt and rb.size == 0 else 0)
+    if ckpt and rb.size == 0 and run.is_main:
+        print(f"  updates restart at global step {train_start} (buffer refill)", flush=True)
     # this rank's sums since the last log, on the device
     loss_names = ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss")
     sums = dict.fromkeys(("updates", "actor_updates", *loss_names, "actor_loss"), 0.0)
@@ -414,7 +415,7 @@ def main() -> None:
         if last or preempted or reached or rt.steps_crossed(prev_step, global_step, args.checkpoint_every):
             state = {key: obj.state_dict() for key, obj in learned.items()}
             state |= dict(agent_kwargs=agent_kwargs, num_updates=num_updates, num_actor_updates=num_actor_updates)
-            rt.save_checkpoint(run, iteration, global_step, None, **state)
+            rt.save_checkpoint(run, iteration, global_step, replay.rank_state(rb, envs, obs, episodes), **state)
         if preempted or reached:
             break
 

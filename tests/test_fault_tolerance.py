@@ -179,7 +179,7 @@ def case(script: Script, *values, name: str = "") -> pytest.param:
 
 # The scripts that run SIGTERM and --resume (their own state), and those whose resume is exact (their envs pickle)
 SCRIPTS = [case(s) for s in (PPO, CONTINUOUS, ATARI, ASYNC, DQN, SAC, TD3, PQN, PQN_ATARI)]
-EXACT = (PPO, CONTINUOUS, PQN)
+EXACT = (PPO, CONTINUOUS, PQN, SAC, TD3)
 
 
 def sigterm_iterations(script: Script) -> int:
@@ -538,7 +538,9 @@ def test_sigterm_then_resume_finishes_and_equals_the_uninterrupted_run(
         final = assert_resumed(resumed, run_dir, 2)
         expected = load(finished / "checkpoint.pt")
         assert expected["global_step"] == final["global_step"]
-        for key in ("agent", "q_network", "optimizer", "rng", "obs_stats", "return_stats"):
+        learned = ("agent", "q_network", "optimizer", "obs_stats", "return_stats", "actor", "target_actor", "qf")
+        learned += ("qf_target", "actor_optimizer", "q_optimizer", "a_optimizer", "log_alpha", "num_updates")
+        for key in (*learned, "rng", "rank_state"):  # rank_state: the envs (and replay buffers) went on alike
             if key in expected:
                 assert_same_bits(final[key], expected[key], key)
         run_dir = stopped
@@ -550,7 +552,7 @@ def test_sigterm_then_resume_finishes_and_equals_the_uninterrupted_run(
     final = assert_resumed(resumed, run_dir, 1)
     num_envs = final["sizes"]["num_envs"]
     assert final["args"]["local_num_envs"] == num_envs
-    if script in EXACT:  # every env went on from where it stopped, now all on rank 0
+    if script in (PPO, CONTINUOUS, PQN):  # every env went on from where it stopped, now all on rank 0
         assert [len(state[0]) for state in final["rank_state"]] == [num_envs]
     if script in (SAC, TD3):  # the counters went on from the checkpoint, and updates waited for the buffer refill
         assert f"updates restart at global step {stopped_step + 16}" in resumed
