@@ -448,15 +448,15 @@ def run_commands(metas) -> list[str]:
 def pieces_table(meta) -> list[str]:
     """A run made in pieces: when and where each ran, its steps and how it ended."""
     lines = [f"Pieces of `{meta['name']}` ({status([meta])}; a piece `running` is shown to its last logged step):", ""]
-    lines += ["| piece | start (UTC) | end (UTC) | minutes | global steps | machine | versions | outcome (exit code) |"]
-    lines += ["|---|---|---|---|---|---|---|---|"]
+    head = "| piece | start (UTC) | end (UTC) | minutes | global steps | commit | machine | versions | outcome (exit) |"
+    lines += [head, "|---" * 9 + "|"]
     for p in meta["pieces"]:
         minutes = (p["end_time"] - p["start_time"]) / 60
         steps = f"{p['step_from']:,} → {p['step_to']:,}"
         versions = versions_line(p["versions"]) if p["versions"] else "–"
         lines.append(
-            f"| {p['piece']} | {p['start']} | {p['end']} | {minutes:.1f} | {steps} | {p['machine']} | {versions} | "
-            f"{p['outcome']} ({p['exit_code']}) |"
+            f"| {p['piece']} | {p['start']} | {p['end']} | {minutes:.1f} | {steps} | {p.get('commit', '–')} | "
+            f"{p['machine']} | {versions} | {p['outcome']} ({p['exit_code']}) |"
         )
     return [*lines, ""]
 

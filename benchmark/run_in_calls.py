@@ -20,8 +20,9 @@ piece, on another machine, unpacks the parts it is given with --carried:
     python -m benchmark.run_in_calls --minutes 55 --out /tmp/out --carried runs/carry --script ...
 
 Each piece appends one line to {run dir}/pieces.jsonl: start and end (UTC), global steps from and to, the
-machine (and GPU), package versions, exit code, outcome and the exact command; its output is kept as
-{run dir}/piece{N}.log. `python -m benchmark.harness report` draws each piece on the run's curve, finished or not.
+machine (and GPU), package versions, the commit of the script's checkout, exit code, outcome and the exact command;
+its output is kept as {run dir}/piece{N}.log. `python -m benchmark.harness report` draws each piece on the run's
+curve, finished or not.
 The run's command is the harness's (`benchmark/harness.py`: `--env-id`, `--seed`, `--runs-dir`, `--run-name`
 appended, torchrun above world size 1), so a run's name is the one a harness grid gives it.
 """
@@ -40,7 +41,7 @@ import time
 from pathlib import Path
 
 from benchmark.harness import PIECES_FILE, RUNNING_FILE, config_name, portable, run_command, run_name, utc
-from benchmark.versions import package_versions
+from benchmark.versions import package_versions, source_commit
 
 PACK_SECONDS = 5  # before the deadline: a run still going is killed (its last checkpoint stays), then packed
 PREEMPTED_LINE = "preempted by a signal at global step"  # rank 0's line after a checkpoint and exit 75 (runtime.py)
@@ -200,7 +201,7 @@ def main(argv=None) -> int:
     record |= dict(world_size=args.world_size, label=args.label, config=config_name(args.world_size, args.label))
     record |= dict(start=utc(start_wall), start_time=start_wall, step_from=step_from, total_timesteps=total)
     record |= dict(machine=machine(), command=shlex.join(cmd), portable_command=portable(shlex.join(cmd)))
-    record |= dict(log=f"piece{piece}.log")
+    record |= dict(log=f"piece{piece}.log", commit=source_commit(os.path.dirname(os.path.abspath(args.script))))
     print(f"run_in_calls: piece {piece} of {name}, from step {step_from}: {shlex.join(cmd)}", flush=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     with open(log_path, "w") as log:

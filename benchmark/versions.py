@@ -9,6 +9,7 @@ for the CUDA-graph paths. The locked set that the suite passed with is requireme
 """
 
 import platform
+import subprocess
 from importlib import metadata
 
 PACKAGES = ("torch", "gymnasium", "ale-py", "mujoco", "numpy", "tensordict")
@@ -29,6 +30,18 @@ def package_versions() -> dict[str, str]:
 
         found["cuda"] = torch.version.cuda or "none (CPU build)"
     return found
+
+
+def source_commit(path: str) -> str:
+    """The commit of the checkout holding `path`: its short hash, `+changes` if tracked files differ; `-` if none."""
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=path, capture_output=True, text=True).stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD")
+    if not commit:
+        return "-"
+    return commit + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def versions_line(versions: dict[str, str]) -> str:

@@ -71,6 +71,8 @@ def test_a_run_in_two_pieces_carried_between_machines_logs_one_curve(tmp_path):
     assert 512 <= stop < 1536 and pieces[1]["step_from"] == stop and pieces[1]["step_to"] == 1536
     assert f"--resume {tmp_path / 'm2' / NAME}" in pieces[1]["command"] and "--resume" not in pieces[0]["command"]
     assert pieces[1]["total_timesteps"] == 1536 and pieces[0]["versions"]["torch"]
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
+    assert {p["commit"].split("+")[0] for p in pieces} == {head.strip() or "-"}  # the code each piece ran
     assert (run_dir / "piece1.log").is_file() and (run_dir / "piece2.log").is_file()
 
     events = read_scalar_events(run_dir)
