@@ -446,18 +446,21 @@ def run_commands(metas) -> list[str]:
 
 
 def pieces_table(meta) -> list[str]:
-    """A run made in pieces: when and where each ran, its steps and how it ended."""
+    """A run made in pieces: when and where each ran, its steps and how it ended. The machine and versions get a
+    column where they changed between pieces; else the report's Machine and Packages lines say them once."""
+    pieces = meta["pieces"]
+    columns = ["piece", "start (UTC)", "end (UTC)", "minutes", "global steps", "commit"]
+    machines = len({p["machine"] for p in pieces}) > 1
+    versions = len({versions_line(p["versions"]) for p in pieces if p["versions"]}) > 1
+    columns += ["machine"] * machines + ["versions"] * versions + ["outcome (exit code)"]
     lines = [f"Pieces of `{meta['name']}` ({status([meta])}; a piece `running` is shown to its last logged step):", ""]
-    head = "| piece | start (UTC) | end (UTC) | minutes | global steps | commit | machine | versions | outcome (exit) |"
-    lines += [head, "|---" * 9 + "|"]
-    for p in meta["pieces"]:
-        minutes = (p["end_time"] - p["start_time"]) / 60
-        steps = f"{p['step_from']:,} → {p['step_to']:,}"
-        versions = versions_line(p["versions"]) if p["versions"] else "–"
-        lines.append(
-            f"| {p['piece']} | {p['start']} | {p['end']} | {minutes:.1f} | {steps} | {p.get('commit', '–')} | "
-            f"{p['machine']} | {versions} | {p['outcome']} ({p['exit_code']}) |"
-        )
+    lines += ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
+    for p in pieces:
+        cells = [p["piece"], p["start"], p["end"], f"{(p['end_time'] - p['start_time']) / 60:.1f}"]
+        cells += [f"{p['step_from']:,} → {p['step_to']:,}", p.get("commit", "–")]
+        cells += [p["machine"]] * machines + [versions_line(p["versions"]) if p["versions"] else "–"] * versions
+        cells.append(f"{p['outcome']} ({p['exit_code']})")
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
     return [*lines, ""]
 
 
