@@ -11,6 +11,8 @@ EXIT_PREEMPTED = 75
 """exit code: stopped by SIGTERM/SIGUSR1 after saving a checkpoint; relaunch to resume (EX_TEMPFAIL)"""
 EXIT_INTERRUPTED = 130
 """exit code: a second Ctrl-C stopped the run at once, without a checkpoint (128 + SIGINT)"""
+EXIT_OUTPUT_CLOSED = 141
+"""exit code: whatever read the output closed it (`--help | head`), silently, as a shell tool stops (128 + SIGPIPE)"""
 
 
 class RunError(ValueError):

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from cleanrl_ddp import checkpoint, errors, launch, run_dir
-from cleanrl_ddp.errors import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_LOST_RANK, EXIT_PREEMPTED
+from cleanrl_ddp.errors import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_LOST_RANK, EXIT_OUTPUT_CLOSED, EXIT_PREEMPTED
 from cleanrl_ddp.run import Run, RunArgs, check_run_flags  # the run itself, its flags: `class Args(rt.RunArgs)`
 
 # errors.py, which imports nothing of ours, defines it; named here, so that a script's `rt.X` resolves in this file
@@ -442,6 +442,9 @@ def exit_codes(script: str):
         exit_code = EXIT_INTERRUPTED
         if int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0))) == 0:
             print(f"\n{script}: interrupted twice: stopped at once, without a checkpoint", file=sys.stderr, flush=True)
+    except BrokenPipeError:  # the reader of stdout left (`--help | head`): nothing to say, and nowhere to say it
+        exit_code = EXIT_OUTPUT_CLOSED
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush below must not raise again
     except RunError as e:
         exit_code = e.code
         if int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0))) == 0:

@@ -2,9 +2,13 @@
 process and stops with the RunError (or evaluate's EvalError) that `rt.exit_codes` prints as one line with exit
 code 2 (tests/test_runtime.py checks that path); nothing is written before it. One case also runs as a command."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
-from helpers import assert_one_line_error, launch, main_error
+from helpers import assert_one_line_error, launch, main_error, script_path
 
 from cleanrl_ddp import evaluate
 
@@ -106,3 +110,20 @@ def test_dist_timeout_inf_with_two_ranks_is_one_line_as_a_command(tmp_path):
         proc, r"--dist-timeout must be positive \(seconds\) and at most 31536000, got inf", "ppo_multigpu.py"
     )
     assert not (tmp_path / "runs").exists()
+
+
+def test_help_into_a_closed_pipe_exits_141_without_a_traceback():
+    """`script --help | head`: the reader leaves before the help is written; the script stops as a shell tool does."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run(
+            [sys.executable, script_path("ppo_multigpu.py"), "--help"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert (proc.returncode, proc.stderr) == (141, "")
