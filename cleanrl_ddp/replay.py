@@ -20,11 +20,16 @@ class ReplayBuffer:
         self.generator = torch.Generator(device=device).manual_seed(seed)
 
     def add(self, obs, next_obs, actions, rewards, terminations) -> None:
-        """Store one step of every env (host arrays) with one copy to the device."""
+        """Store one step of every env (host arrays), copied straight into the ring's next rows.
+
+        Through a page-locked buffer on CUDA (torch's caching host allocator keeps it until its copy has run), so
+        the host never waits; float32 is cast on the host. Past the ring's end the rest goes to its start."""
         n = len(obs)
-        host = np.concatenate([obs, next_obs, actions, rewards[:, None], terminations[:, None]], axis=1)
-        idx = (self.pos + torch.arange(n, device=self.rows.device)) % self.capacity
-        self.rows[idx] = rt.to_device(host, self.rows.device, dtype=torch.float32)
+        host = torch.empty((n, self.rows.shape[1]), pin_memory=self.rows.is_cuda)
+        host.numpy()[...] = np.concatenate([obs, next_obs, actions, rewards[:, None], terminations[:, None]], axis=1)
+        first = min(n, self.capacity - self.pos)
+        self.rows[self.pos : self.pos + first].copy_(host[:first], non_blocking=True)
+        self.rows[: n - first].copy_(host[first:], non_blocking=True)
         self.pos = (self.pos + n) % self.capacity
         self.size = min(self.size + n, self.capacity)
 
