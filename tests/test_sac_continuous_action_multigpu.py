@@ -7,15 +7,27 @@ resume and the world-size change in tests/test_fault_tolerance.py.
 
 import re
 
+import numpy as np
 import pytest
 import torch
 from helpers import main_error, main_output, only_run_dir, read_scalars
 
-from cleanrl_ddp import evaluate
+from cleanrl_ddp import evaluate, replay
 from cleanrl_ddp.runtime import RunError
 from cleanrl_ddp.sac_continuous_action_multigpu import Args, derive_sizes
 
 SCRIPT = "sac_continuous_action_multigpu.py"
+
+
+def test_replay_buffer_is_a_ring_of_the_newest_transitions():
+    """SAC's and TD3's buffer: each step's rows after the last, wrapping to the start; float32 columns in order."""
+    rb = replay.ReplayBuffer(5, obs_dim=2, action_dim=1, device=torch.device("cpu"), seed=0)
+    for step in range(4):  # 2 envs: rows 0-1, 2-3, then 4 and 0, then 1-2
+        obs = np.full((2, 2), step, dtype=np.float64) + [[0.0], [0.5]]
+        rb.add(obs, obs + 10, obs[:, :1] - 10, obs[:, 0] * 100, np.array([False, True]))
+    assert rb.rows[:, 0].tolist() == [2.5, 3.0, 3.5, 1.5, 2.0] and (rb.pos, rb.size) == (3, 5)
+    assert rb.rows[0].tolist() == [2.5, 2.5, 12.5, 12.5, -7.5, 250.0, 1.0]
+    assert rb.rows[:, -1].tolist() == [1.0, 0.0, 1.0, 1.0, 0.0]
 
 
 def test_sizes_keep_cleanrls_replay_ratio_by_default():
