@@ -370,12 +370,12 @@ def main() -> None:
             all_reduce_gradients_flat(actor.parameters(), world_size)
         actor_step()
         if not args.autotune:
-            return (actor_loss,)
+            return actor_loss[None]
         alpha_loss = temperature_backward(obs)
         # CRUCIAL: log_alpha has no DDP: its gradient is averaged by hand on either --grad-sync
         all_reduce_gradients_flat([log_alpha], world_size)
         temperature_step()
-        return actor_loss, alpha_loss
+        return torch.stack((actor_loss, alpha_loss))
 
     # at world size 1 each update is one graph
     update_critics = graphs.graphed(update_critics, capture and world_size == 1)
@@ -391,9 +391,10 @@ def main() -> None:
     train_start = args.learning_starts + (global_step if ckpt and rb.size == 0 else 0)
     if ckpt and rb.size == 0 and run.is_main:
         print(f"  updates restart at global step {train_start} (buffer refill)", flush=True)
-    # this rank's sums since the last log, on the device
+    # this rank's sums since the last log: update counts, and the losses in one tensor on the device
     loss_names = ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss", "actor_loss", "alpha_loss")
-    sums = dict.fromkeys(("updates", "actor_updates", *loss_names), 0.0)
+    counts = dict(updates=0, actor_updates=0)
+    loss_sums = torch.zeros(len(loss_names), dtype=torch.float64, device=device)
     update_seconds = 0.0  # rank 0's, per log interval
     num_iterations = sizes.num_iterations
     preempted = False
@@ -430,18 +431,15 @@ def main() -> None:
                 data = rb.sample(args.local_batch_size)
                 critic_stats = update_critics(data)
                 num_updates += 1
-                sums["updates"] += 1
-                for k, v in zip(loss_names[:4], critic_stats, strict=True):
-                    sums[k] += v.double()
+                counts["updates"] += 1
+                loss_sums[:4] += critic_stats
 
                 if num_updates % args.policy_frequency == 0:  # TD3's delayed update
                     for _ in range(args.policy_frequency):  # compensate for the delay
                         actor_stats = update_actor(data["obs"])
                         num_actor_updates += 1
-                        sums["actor_updates"] += 1
-                        # no alpha_loss with --no-autotune
-                        for k, v in zip(loss_names[4:], actor_stats, strict=False):
-                            sums[k] += v.double()
+                        counts["actor_updates"] += 1
+                        loss_sums[4 : 4 + len(actor_stats)] += actor_stats  # no alpha_loss with --no-autotune
 
                 if num_updates % args.target_network_frequency == 0:
                     update_targets()
@@ -452,8 +450,10 @@ def main() -> None:
         logging = bool(rt.steps_crossed(prev_step, global_step, args.log_every)) or last
         if logging:
             # alpha (equal on every rank) rides along: one device read per log
-            m = rt.all_sum(run, sums | episodes.take() | dict(alpha=alpha[0]))
-            sums = dict.fromkeys(sums, 0.0)
+            losses = dict(zip(loss_names, loss_sums, strict=True))
+            m = rt.all_sum(run, counts | losses | episodes.take() | dict(alpha=alpha[0]))
+            counts = dict.fromkeys(counts, 0)
+            loss_sums.zero_()
             scalars = {"losses/alpha": m["alpha"] / world_size, "charts/updates": num_updates}
             scalars["charts/actor_updates"] = num_actor_updates
             scalars["perf/update_seconds"] = update_seconds

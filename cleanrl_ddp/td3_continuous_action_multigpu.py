@@ -341,9 +341,10 @@ def main() -> None:
     train_start = args.learning_starts + (global_step if ckpt and rb.size == 0 else 0)
     if ckpt and rb.size == 0 and run.is_main:
         print(f"  updates restart at global step {train_start} (buffer refill)", flush=True)
-    # this rank's sums since the last log, on the device
-    loss_names = ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss")
-    sums = dict.fromkeys(("updates", "actor_updates", *loss_names, "actor_loss"), 0.0)
+    # this rank's sums since the last log: update counts, and the losses in one tensor on the device
+    loss_names = ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss", "actor_loss")
+    counts = dict(updates=0, actor_updates=0)
+    loss_sums = torch.zeros(len(loss_names), dtype=torch.float64, device=device)
     update_seconds = 0.0  # rank 0's, per log interval
     num_iterations = sizes.num_iterations
     preempted = False
@@ -381,27 +382,27 @@ def main() -> None:
                 data = rb.sample(args.local_batch_size)
                 critic_stats = update_critics(data)
                 num_updates += 1
-                sums["updates"] += 1
-                for k, v in zip(loss_names, critic_stats, strict=True):
-                    sums[k] += v.double()
+                counts["updates"] += 1
+                loss_sums[:4] += critic_stats
 
                 if num_updates % args.policy_frequency == 0:  # TD3's delayed update, then the targets
                     actor_loss = update_actor(data["obs"])
                     num_actor_updates += 1
-                    sums["actor_updates"] += 1
-                    sums["actor_loss"] += actor_loss.double()
+                    counts["actor_updates"] += 1
+                    loss_sums[4] += actor_loss
             update_seconds += time.perf_counter() - update_start
 
         # metrics of ALL ranks, by name in one all-reduce
         last = iteration == num_iterations
         logging = bool(rt.steps_crossed(prev_step, global_step, args.log_every)) or last
         if logging:
-            m = rt.all_sum(run, sums | episodes.take())
-            sums = dict.fromkeys(sums, 0.0)
+            m = rt.all_sum(run, counts | dict(zip(loss_names, loss_sums, strict=True)) | episodes.take())
+            counts = dict.fromkeys(counts, 0)
+            loss_sums.zero_()
             scalars = {"charts/updates": num_updates, "charts/actor_updates": num_actor_updates}
             scalars["perf/update_seconds"] = update_seconds
             if m["updates"]:
-                scalars |= {f"losses/{k}": m[k] / m["updates"] for k in loss_names}
+                scalars |= {f"losses/{k}": m[k] / m["updates"] for k in loss_names[:4]}
                 scalars["losses/qf_loss"] = (m["qf1_loss"] + m["qf2_loss"]) / m["updates"] / 2.0
             if m["actor_updates"]:
                 scalars["losses/actor_loss"] = m["actor_loss"] / m["actor_updates"]
