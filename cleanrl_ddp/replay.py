@@ -47,7 +47,8 @@ class ReplayBuffer:
 
     def state_dict(self) -> dict:
         """The stored transitions (the filled rows), the next row written and the sampling stream, as data."""
-        return dict(rows=self.rows[: self.size].cpu(), pos=self.pos, generator=self.generator.get_state())
+        rows = self.rows[: self.size].to("cpu", copy=True)  # a copy: a view would save the whole ring
+        return dict(rows=rows, pos=self.pos, generator=self.generator.get_state())
 
     def load_state_dict(self, state: dict) -> None:
         rows = state["rows"]

@@ -28,6 +28,10 @@ def test_replay_buffer_is_a_ring_of_the_newest_transitions():
     assert rb.rows[:, 0].tolist() == [2.5, 3.0, 3.5, 1.5, 2.0] and (rb.pos, rb.size) == (3, 5)
     assert rb.rows[0].tolist() == [2.5, 2.5, 12.5, 12.5, -7.5, 250.0, 1.0]
     assert rb.rows[:, -1].tolist() == [1.0, 0.0, 1.0, 1.0, 0.0]
+    half = replay.ReplayBuffer(8, obs_dim=2, action_dim=1, device=torch.device("cpu"), seed=0)
+    half.add(obs, obs, obs[:, :1], obs[:, 0], np.array([False, False]))
+    saved = half.state_dict()["rows"]  # a checkpoint holds the filled rows only, not the ring's storage
+    assert saved.shape == (2, 7) and saved.untyped_storage().nbytes() == 2 * 7 * 4
 
 
 def test_sizes_keep_cleanrls_replay_ratio_by_default():
