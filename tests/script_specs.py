@@ -63,10 +63,12 @@ class ScriptSpec:
 # replays once, the update 5 times), at the default learning rate
 PPO_CAPTURE = ["--local-num-envs", "2", "--num-steps", "8", "--num-minibatches", "2", "--update-epochs", "1"]
 PPO_CAPTURE += ["--checkpoint-every", "0"]
-# SAC's and TD3's --cudagraphs runs: as `tiny`, on Pendulum-v1 with updates from global step 32
-OFF_POLICY_CAPTURE = ["--env-id", "Pendulum-v1", "--local-num-envs", "1", "--buffer-size", "240", "--learning-starts"]
-OFF_POLICY_CAPTURE += ["32", "--local-batch-size", "8", "--updates-per-iteration", "2", "--log-every", "8"]
-OFF_POLICY_CAPTURE += ["--checkpoint-every", "0", "--sync-check-every", "1"]
+# SAC's and TD3's whole runs on Pendulum-v1 (1 env per rank): updates from global step 32, two per iteration (8
+# transitions per rank each); their --cudagraphs runs the same, with the replica check every iteration
+OFF_POLICY_TINY = ["--env-id", "Pendulum-v1", "--local-num-envs", "1", "--buffer-size", "240", "--learning-starts"]
+OFF_POLICY_TINY += ["32", "--local-batch-size", "8", "--updates-per-iteration", "2", "--log-every", "8"]
+OFF_POLICY_TINY += ["--checkpoint-every", "0"]
+OFF_POLICY_CAPTURE = [*OFF_POLICY_TINY, "--sync-check-every", "1"]
 
 SCRIPTS = {
     spec.script: spec
@@ -196,11 +198,7 @@ SCRIPTS = {
             "sac_continuous_action_multigpu.py",  # unit: Hopper-v5's 11 observations, 3 actions
             make_agent=lambda m: m.Actor(11, 3, [-1.0] * 3, [1.0] * 3),
             make_obs=lambda n, g: torch.randn(n, 11, generator=g),
-            # whole runs on Pendulum-v1 (1 env per rank): updates from global step 32, two per iteration (8
-            # transitions per rank each), the actor and temperature after every 2nd, the targets after every one
-            tiny=["--env-id", "Pendulum-v1", "--local-num-envs", "1", "--buffer-size", "240", "--learning-starts"]
-            + ["32", "--local-batch-size", "8", "--updates-per-iteration", "2", "--log-every", "8"]
-            + ["--checkpoint-every", "0"],
+            tiny=OFF_POLICY_TINY,  # the actor and temperature after every 2nd update, the targets after every one
             local_batch=1,  # env steps per rank per iteration: --local-num-envs
             iterations={2: 28, 3: 20},
             sac=True,
@@ -224,11 +222,7 @@ SCRIPTS = {
             "td3_continuous_action_multigpu.py",  # unit: Hopper-v5's 11 observations, 3 actions
             make_agent=lambda m: m.Actor(11, 3, [-1.0] * 3, [1.0] * 3),
             make_obs=lambda n, g: torch.randn(n, 11, generator=g),
-            # as SAC's: Pendulum-v1, updates from global step 32, two per iteration (8 transitions per rank each), the
-            # actor and both target networks after every 2nd
-            tiny=["--env-id", "Pendulum-v1", "--local-num-envs", "1", "--buffer-size", "240", "--learning-starts"]
-            + ["32", "--local-batch-size", "8", "--updates-per-iteration", "2", "--log-every", "8"]
-            + ["--checkpoint-every", "0"],
+            tiny=OFF_POLICY_TINY,  # the actor and both target networks after every 2nd update
             local_batch=1,
             iterations={2: 28, 3: 20},
             td3=True,
