@@ -67,12 +67,12 @@ def rank_state(rb: ReplayBuffer, envs, obs: np.ndarray, episodes: rt.Episodes) -
 def resume(run, ckpt: dict, rb: ReplayBuffer, envs, episodes: rt.Episodes, obs: np.ndarray) -> np.ndarray:
     """Continue this rank's (reset) envs and its replay buffer from `ckpt`; the observations to act on next.
 
-    They go on as saved at the same world size. Otherwise (each rank's buffer holds its own envs' steps), or from a
-    checkpoint without them, or for an env family with no state function, the envs keep their reset `obs` and the
-    buffer stays empty: the caller refills it.
+    They go on as saved at the same world size and buffer size. Otherwise (each rank's ring holds its own envs' steps),
+    or from a checkpoint without them, or for an env family with no state function, the envs keep their reset `obs`
+    and the buffer stays empty: the caller refills it.
     """
-    saved = ckpt["rank_state"]
-    if ckpt["world_size"] != run.world_size or not all(isinstance(s, dict) for s in saved):
+    saved, same_ring = ckpt["rank_state"], ckpt["sizes"].get("local_buffer_size") == rb.capacity
+    if ckpt["world_size"] != run.world_size or not same_ring or not all(isinstance(s, dict) for s in saved):
         return obs
     mine = saved[run.rank]
     if not env_state.restore(run, envs.envs, mine["envs"]):

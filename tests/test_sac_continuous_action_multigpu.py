@@ -88,3 +88,10 @@ def test_learns_pendulum(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert f"sac_continuous_action_multigpu Pendulum-v1 at global step {step}: return " in out
     assert "over 2 greedy episodes" in out
+
+    # resumed with another --buffer-size: the saved ring cannot continue in it, so updates wait for a refill
+    flags = ["--resume", only_run_dir(tmp_path), "--total-timesteps", step + 40, "--buffer-size", 4000]
+    out = main_output(monkeypatch, capsys, SCRIPT, *flags, "--eval-every", 0, "--target-return", "None")
+    assert f"updates restart at global step {step + 1000} (buffer refill)" in out
+    resumed = torch.load(only_run_dir(tmp_path) / "checkpoint.pt", weights_only=True)
+    assert resumed["num_updates"] == ckpt["num_updates"] and len(resumed["rank_state"][0]["buffer"]["rows"]) == 40
