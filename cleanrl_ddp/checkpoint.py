@@ -16,7 +16,10 @@ import torch
 
 from cleanrl_ddp.errors import RunError
 
-CHECKPOINT_KEYS = ("script", "args", "sizes", "world_size", "iteration", "global_step", "rng", "rank_state")
+CHECKPOINT_TYPES = dict(
+    script=str, args=dict, sizes=dict, world_size=int, iteration=int, global_step=int, rng=list, rank_state=list
+)
+"""the entries every checkpoint holds, and their types (`rng` and `rank_state`: one item per rank)"""
 VERSIONED = ("torch", "gymnasium", "numpy", "mujoco", "ale-py")
 """the libraries whose versions a checkpoint records (a file that cannot be read is checked against them)"""
 
@@ -35,9 +38,14 @@ def load_checkpoint(path: str, script: str, required: tuple = ()) -> dict:
     if not isinstance(ckpt, dict) or ckpt.get("script") != script:
         found = ckpt.get("script") if isinstance(ckpt, dict) else type(ckpt).__name__
         raise RunError(f"--resume: {path} was written by {found!r}, not {script}")
-    missing = set(CHECKPOINT_KEYS + tuple(required)) - ckpt.keys()
+    missing = set(CHECKPOINT_TYPES).union(required) - ckpt.keys()
     if missing:
         raise RunError(f"--resume: {path} lacks {', '.join(sorted(missing))}; it was left as it is")
+    wrong = [key for key, kind in CHECKPOINT_TYPES.items() if not isinstance(ckpt[key], kind)]
+    if not wrong and (ckpt["world_size"] < 1 or {len(ckpt["rng"]), len(ckpt["rank_state"])} != {ckpt["world_size"]}):
+        wrong = ["world_size, rng, rank_state (one item per rank)"]
+    if wrong:
+        raise RunError(f"--resume: {path} has a malformed {', '.join(wrong)}; it was left as it is")
     return ckpt
 
 

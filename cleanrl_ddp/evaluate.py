@@ -130,7 +130,11 @@ def main(argv=None) -> int:
     if options.env_id is not None and options.env_id != saved.get("env_id"):
         raise EvalError(f"{options.path} trained {saved.get('env_id')}, not --env-id {options.env_id}")
     args = module.Args(**saved)
-    agent = module.load_agent(ckpt, device)
+    try:
+        agent = module.load_agent(ckpt, device)
+    except (KeyError, IndexError, TypeError, ValueError, RuntimeError, AttributeError) as e:  # another shape, say
+        text = " ".join(f"{type(e).__name__}: {e}".split())[:240]
+        raise EvalError(f"{options.path} holds an agent that does not fit {script} ({text})") from None
     greedy = args.eval_greedy if options.greedy is None else options.greedy  # DQN: sampled = the run's epsilon
     video_dir, video_name = None, None
     if options.capture_video:

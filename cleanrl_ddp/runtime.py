@@ -79,7 +79,14 @@ def load_run(run: Run, args: RunArgs, required: tuple = ()) -> tuple[Any, Option
     run.wandb_run_id = ckpt.get("wandb_run_id") if ckpt else None
     if ckpt:
         check_run_flags(run.args)
+    path = args.resume or run.run_dir
+    _loading[:] = [os.path.join(path, "checkpoint.pt") if os.path.isdir(path) else path] if ckpt else []
     return run.args, ckpt
+
+
+_loading: list = []
+"""the checkpoint whose state the script is loading, from `load_run` to `open_run`: an error there is the file's
+(another program's, or one that does not fit this script), which `exit_codes` reports in one line"""
 
 
 def check_env(env_id: str, make_env, action_space: type, hint: str) -> None:
@@ -206,6 +213,7 @@ def open_run(run: Run, sizes: Sizes, ckpt: Optional[dict]) -> None:
     """Check the sizes against the checkpoint, claim the run directory, start the SPS clock, open the logs."""
     run.sizes = asdict(sizes)
     run_dir.check_resumable(run, run.sizes, ckpt)
+    _loading.clear()
     error = broadcast_from_main(run, run_dir.claim_run_dir(run) if run.is_main else None)
     if error:  # every rank stops alike
         raise RunError(error)
@@ -429,8 +437,9 @@ def close_logs(exit_code: int) -> None:
 def exit_codes(script: str):
     """Wrap a script's `main()`: one-line errors and exit codes, process-group teardown, then leave.
 
-    RunError: rank 0 prints `{script}: error: ...` and every rank exits with its code. A failed collective
-    (a lost rank): every surviving rank prints one line and exits with EXIT_LOST_RANK.
+    RunError: rank 0 prints `{script}: error: ...` and every rank exits with its code; so does an error while the
+    script loads a checkpoint's state (`_loading`: a tensor of another shape, say), with EXIT_BAD_INPUT. A failed
+    collective (a lost rank): every surviving rank prints one line and exits with EXIT_LOST_RANK.
     """
     exit_code = 1
     try:
@@ -447,16 +456,14 @@ def exit_codes(script: str):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush below must not raise again
     except RunError as e:
         exit_code = e.code
-        if int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0))) == 0:
-            print(f"{script}: error: {e}", file=sys.stderr, flush=True)
-        elif not dist.is_initialized():
-            # Every rank found the same bad input before the ranks met; let rank 0 (maybe still starting
-            # up) print it first: torchrun stops the other ranks as soon as one exits.
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            time.sleep(5)
+        print_run_error(script, e)
     except Exception as e:
         reason = lost_rank_message(e)
-        if reason is None:
+        if reason is None and _loading and not isinstance(e, (OSError, MemoryError, torch.cuda.OutOfMemoryError)):
+            exit_code = errors.EXIT_BAD_INPUT  # e.g. a tensor of another shape, an entry of another type
+            text = " ".join(f"{type(e).__name__}: {e}".split())[:240]
+            print_run_error(script, f"--resume: {_loading[0]} does not fit this script ({text}); it was left as it is")
+        elif reason is None:
             import traceback
 
             traceback.print_exc()
@@ -479,6 +486,17 @@ def exit_codes(script: str):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(exit_code)
+
+
+def print_run_error(script: str, error) -> None:
+    """Rank 0 prints `{script}: error: {error}`; the other ranks say nothing."""
+    if int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0))) == 0:
+        print(f"{script}: error: {error}", file=sys.stderr, flush=True)
+    elif not dist.is_initialized():
+        # Every rank found the same bad input before the ranks met; let rank 0 (maybe still starting
+        # up) print it first: torchrun stops the other ranks as soon as one exits.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        time.sleep(5)
 
 
 def lost_rank_message(e: BaseException) -> Optional[str]:

@@ -193,6 +193,19 @@ def main_error(monkeypatch, script: str, *flags, env=None) -> str:
     return str(error.value)
 
 
+def main_exit(monkeypatch, capsys, script: str, *flags) -> tuple[int, str]:
+    """The exit code and stderr of `script`'s __main__ block (`rt.exit_codes` around main()) with `flags`, in this
+    process as one rank (`as_one_rank`): exit_codes leaves by os._exit, here turned into SystemExit."""
+    from cleanrl_ddp import runtime as rt
+
+    monkeypatch.setattr(os, "_exit", sys.exit)
+    capsys.readouterr()
+    with as_one_rank(monkeypatch, script, *flags) as main, pytest.raises(SystemExit) as leave:
+        with rt.exit_codes(script.removesuffix(".py")):
+            main()
+    return leave.value.code, capsys.readouterr().err
+
+
 def main_output(monkeypatch, capsys, script: str, *flags) -> str:
     """What `script`'s main() prints with `flags`, run to its end in this process as one rank (`as_one_rank`): a
     run whose command line is not what a test is about (the plain-python command: the same variables unset)."""

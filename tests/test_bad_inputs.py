@@ -112,6 +112,15 @@ def test_dist_timeout_inf_with_two_ranks_is_one_line_as_a_command(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def test_unwritable_run_directory_is_one_line(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")  # even root cannot create a directory under a regular file
+    proc = launch("ppo_multigpu.py", ["--runs-dir", blocker / "runs", *PPO_TINY], nproc=2, timeout=120)
+    pattern = r"cannot write to the run directory .*a-file/runs/.*: Not a directory"
+    assert_one_line_error(proc, pattern, "ppo_multigpu.py")
+    assert blocker.read_text() == "not a directory"
+
+
 def test_help_into_a_closed_pipe_exits_141_without_a_traceback():
     """`script --help | head`: the reader leaves before the help is written; the script stops as a shell tool does."""
     read_end, write_end = os.pipe()

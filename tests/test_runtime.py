@@ -582,6 +582,11 @@ def test_lost_rank_message_only_for_failed_collectives():
         ("raise SystemExit(rt.EXIT_PREEMPTED)", 75, None),
         ("raise rt.RunError('diverged', rt.EXIT_DIVERGED)", 3, "demo: error: diverged"),
         ("raise RuntimeError('[x.cc:1] gloo: Connection reset by peer')", 4, "demo: error: rank 0 lost contact"),
+        (  # while a script loads a checkpoint's state: the file's error
+            "rt._loading[:] = ['c.pt']; raise RuntimeError('size\\n\\tmismatch')",
+            2,
+            "demo: error: --resume: c.pt does not fit this script (RuntimeError: size mismatch); it was left as it is",
+        ),
     ],
 )
 def test_exit_codes_one_line_each(tmp_path, monkeypatch, body, code, line):

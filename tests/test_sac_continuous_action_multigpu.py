@@ -32,6 +32,11 @@ def test_replay_buffer_is_a_ring_of_the_newest_transitions():
     half.add(obs, obs, obs[:, :1], obs[:, 0], np.array([False, False]))
     saved = half.state_dict()["rows"]  # a checkpoint holds the filled rows only, not the ring's storage
     assert saved.shape == (2, 7) and saved.untyped_storage().nbytes() == 2 * 7 * 4
+    for rows, pos in ((saved[:, :6], 2), (torch.zeros(9, 7), 1), (saved, 8)):  # another env's, ring's, or position
+        with pytest.raises(
+            ValueError, match="not one of this ring's"
+        ):  # a run that loads it: one line (test_fault_tolerance)
+            half.load_state_dict(dict(rows=rows, pos=pos, generator=half.generator.get_state()))
 
 
 def test_sizes_keep_cleanrls_replay_ratio_by_default():
