@@ -53,7 +53,8 @@ class ReplayBuffer:
     def load_state_dict(self, state: dict) -> None:
         rows = state["rows"]
         if rows.shape[1:] != self.rows.shape[1:] or len(rows) > self.capacity or not 0 <= state["pos"] < self.capacity:
-            raise ValueError(f"a replay buffer of {tuple(rows.shape)} rows at {state['pos']}, not one of this ring's")
+            saved = f"replay rows of shape {tuple(rows.shape)} written up to {state['pos']}"
+            raise ValueError(f"{saved} do not fit this ring of {tuple(self.rows.shape)}")
         self.rows[: len(rows)] = rows.to(self.rows.device)
         self.pos, self.size = state["pos"], len(rows)
         self.generator.set_state(state["generator"])

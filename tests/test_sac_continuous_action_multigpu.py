@@ -32,10 +32,9 @@ def test_replay_buffer_is_a_ring_of_the_newest_transitions():
     half.add(obs, obs, obs[:, :1], obs[:, 0], np.array([False, False]))
     saved = half.state_dict()["rows"]  # a checkpoint holds the filled rows only, not the ring's storage
     assert saved.shape == (2, 7) and saved.untyped_storage().nbytes() == 2 * 7 * 4
-    for rows, pos in ((saved[:, :6], 2), (torch.zeros(9, 7), 1), (saved, 8)):  # another env's, ring's, or position
-        with pytest.raises(
-            ValueError, match="not one of this ring's"
-        ):  # a run that loads it: one line (test_fault_tolerance)
+    # another env's rows, another ring's, a position outside it: a run that loads them says so in one line
+    for rows, pos in ((saved[:, :6], 2), (torch.zeros(9, 7), 1), (saved, 8)):
+        with pytest.raises(ValueError, match=r"do not fit this ring of \(8, 7\)"):
             half.load_state_dict(dict(rows=rows, pos=pos, generator=half.generator.get_state()))
 
 
