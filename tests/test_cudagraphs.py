@@ -52,6 +52,10 @@ def test_the_learning_rate_is_a_tensor_in_every_run_and_checkpoints_hold_a_float
     assert opt.state[w]["step"].item() == 1
     plain.load_state_dict(opt.state_dict())
     assert isinstance(plain.param_groups[0]["lr"], float)
+    other = plain.state_dict()
+    other["state"][0]["exp_avg"] = torch.zeros(4)  # another parameter's moments: refused as it is loaded
+    with pytest.raises(ValueError, match=r"optimizer state \{'exp_avg': \(4,\), 'exp_avg_sq': \(3,\)\} for a param"):
+        opt.load_state_dict(other)
 
 
 def test_fill_copies_nothing_when_the_static_input_is_the_staging_buffer():
