@@ -15,6 +15,15 @@ EXIT_OUTPUT_CLOSED = 141
 """exit code: whatever read the output closed it (`--help | head`), silently, as a shell tool stops (128 + SIGPIPE)"""
 
 
+LOAD_ERRORS = (KeyError, IndexError, TypeError, ValueError, RuntimeError, AttributeError)
+"""what loading a file's state into objects raises when the state does not fit them (another shape, another type)"""
+
+
+def one_line(e: BaseException) -> str:
+    """`Type: message` on one line of at most 240 characters (torch's load errors span several)."""
+    return " ".join(f"{type(e).__name__}: {e}".split())[:240]
+
+
 class RunError(ValueError):
     """An error the user can fix; printed as one line by rank 0, then exit with `code`."""
 

@@ -26,7 +26,7 @@ import torch
 
 from cleanrl_ddp import atari, evals
 from cleanrl_ddp.checkpoint import check_saved_env_id, read_checkpoint
-from cleanrl_ddp.errors import EXIT_BAD_INPUT, RunError
+from cleanrl_ddp.errors import EXIT_BAD_INPUT, LOAD_ERRORS, RunError, one_line
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -132,9 +132,8 @@ def main(argv=None) -> int:
     args = module.Args(**saved)
     try:
         agent = module.load_agent(ckpt, device)
-    except (KeyError, IndexError, TypeError, ValueError, RuntimeError, AttributeError) as e:  # another shape, say
-        text = " ".join(f"{type(e).__name__}: {e}".split())[:240]
-        raise EvalError(f"{options.path} holds an agent that does not fit {script} ({text})") from None
+    except LOAD_ERRORS as e:  # a weight of another shape, say
+        raise EvalError(f"{options.path} holds an agent that does not fit {script} ({one_line(e)})") from None
     greedy = args.eval_greedy if options.greedy is None else options.greedy  # DQN: sampled = the run's epsilon
     video_dir, video_name = None, None
     if options.capture_video:

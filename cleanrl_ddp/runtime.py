@@ -459,9 +459,9 @@ def exit_codes(script: str):
         print_run_error(script, e)
     except Exception as e:
         reason = lost_rank_message(e)
-        if reason is None and _loading and not isinstance(e, (OSError, MemoryError, torch.cuda.OutOfMemoryError)):
+        if reason is None and _loading and isinstance(e, errors.LOAD_ERRORS) and "out of memory" not in str(e):
             exit_code = errors.EXIT_BAD_INPUT  # e.g. a tensor of another shape, an entry of another type
-            text = " ".join(f"{type(e).__name__}: {e}".split())[:240]
+            text = errors.one_line(e)
             print_run_error(script, f"--resume: {_loading[0]} does not fit this script ({text}); it was left as it is")
         elif reason is None:
             import traceback
