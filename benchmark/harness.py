@@ -449,17 +449,20 @@ def pieces_table(meta) -> list[str]:
     """A run made in pieces: when and where each ran, its steps and how it ended. The machine and versions get a
     column where they changed between pieces; else the report's Machine and Packages lines say them once."""
     pieces = meta["pieces"]
-    columns = ["piece", "start (UTC)", "end (UTC)", "minutes", "global steps", "commit"]
+    columns = ["piece", "start (UTC)", "minutes", "global steps", "commit"]
     machines = len({p["machine"] for p in pieces}) > 1
     versions = len({versions_line(p["versions"]) for p in pieces if p["versions"]}) > 1
     columns += ["machine"] * machines + ["versions"] * versions + ["outcome (exit code)"]
-    lines = [f"Pieces of `{meta['name']}` ({status([meta])}; a piece `running` is shown to its last logged step):", ""]
+    lines = [f"Pieces of `{meta['name']}` ({status([meta])}):", ""]
     lines += ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
     for p in pieces:
-        cells = [p["piece"], p["start"], p["end"], f"{(p['end_time'] - p['start_time']) / 60:.1f}"]
+        start = p["start"].replace("T", " ")[:16]  # to the minute: the minutes column gives its end
+        cells = [p["piece"], start, f"{(p['end_time'] - p['start_time']) / 60:.1f}"]
         cells += [f"{p['step_from']:,} → {p['step_to']:,}", p.get("commit", "–")]
         cells += [p["machine"]] * machines + [versions_line(p["versions"]) if p["versions"] else "–"] * versions
-        cells.append(f"{p['outcome']} ({p['exit_code']})")
+        cells.append(
+            "running, to its last logged step" if p["outcome"] == "running" else f"{p['outcome']} ({p['exit_code']})"
+        )
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     return [*lines, ""]
 
