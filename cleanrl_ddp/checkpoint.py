@@ -49,6 +49,21 @@ def load_checkpoint(path: str, script: str, required: tuple = ()) -> dict:
     return ckpt
 
 
+def refuse_misfit_state(opt: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """`opt`, whose `load_state_dict` raises ValueError for state (Adam's `exp_avg`, ...) of another shape than its
+    parameter's: torch would load it, and the first step trip over it, far from the file (`runtime.exit_codes`)."""
+
+    def check(opt):
+        for group in opt.param_groups:
+            for p in group["params"]:
+                shapes = {k: tuple(v.shape) for k, v in opt.state.get(p, {}).items() if torch.is_tensor(v) and v.dim()}
+                if any(shape != tuple(p.shape) for shape in shapes.values()):
+                    raise ValueError(f"optimizer state {shapes} for a parameter of shape {tuple(p.shape)}")
+
+    opt.register_load_state_dict_post_hook(check)
+    return opt
+
+
 def read_checkpoint(path: str) -> dict:
     """`torch.load` a checkpoint as data only (tensors, numbers, strings, lists, dicts): loading never runs code.
 

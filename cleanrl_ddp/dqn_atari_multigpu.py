@@ -19,7 +19,7 @@ import tyro
 from ale_py.vector_env import AtariVectorEnv
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from cleanrl_ddp import atari, evals, graphs, replay
+from cleanrl_ddp import atari, checkpoint, evals, graphs, replay
 from cleanrl_ddp import runtime as rt
 
 SCRIPT = os.path.basename(__file__)[: -len(".py")]
@@ -245,7 +245,7 @@ def main() -> None:
     if world_size > 1:
         for tensor in q_network.state_dict().values():  # the same start on either --grad-sync
             dist.broadcast(tensor, src=0)
-    optimizer = optim.Adam(q_network.parameters(), lr=args.learning_rate)
+    optimizer = checkpoint.refuse_misfit_state(optim.Adam(q_network.parameters(), lr=args.learning_rate))
     target_network = QNetwork(**agent_kwargs).to(device)
     target_network.load_state_dict(q_network.state_dict())
     rt.seed_everything(rt.rank_seed(args.seed, rank))

@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 import torch
 
+from cleanrl_ddp import checkpoint
 from cleanrl_ddp.errors import RunError
 
 WARMUP = 3  # calls before the capture: 2 eager (compile, the optimizer's state), then capture and replay
@@ -67,8 +68,8 @@ def optimizer(cls, params, lr: float, device: torch.device, **kwargs) -> torch.o
     """`cls(params, lr=lr, **kwargs)` with its learning rate a float32 tensor on `device`, in every run, so that a
     captured step and an eager one compute the same bits; `set_lr` writes it in place. On CUDA it is capturable (its
     step stays on the device). A checkpoint holds the rate as a float and `capturable` False, as a plain optimizer's
-    does; loading any checkpoint keeps this optimizer's tensor and its `capturable`, and refuses moments (Adam's
-    `exp_avg`, ...) of another shape than their parameter's, which the first step would trip over."""
+    does; loading any checkpoint keeps this optimizer's tensor and its `capturable`, and refuses moments of another
+    shape than their parameter's (`checkpoint.refuse_misfit_state`)."""
     capturable = device.type == "cuda"
     rate = torch.tensor(lr, dtype=torch.float32, device=device)
     opt = cls(params, lr=rate, capturable=capturable, **kwargs)
@@ -82,14 +83,10 @@ def optimizer(cls, params, lr: float, device: torch.device, **kwargs) -> torch.o
         for group in opt.param_groups:
             rate.fill_(float(group["lr"]))
             group.update(lr=rate, capturable=capturable)
-            for p in group["params"]:
-                shapes = {k: tuple(v.shape) for k, v in opt.state.get(p, {}).items() if torch.is_tensor(v) and v.dim()}
-                if any(shape != tuple(p.shape) for shape in shapes.values()):
-                    raise ValueError(f"optimizer state {shapes} for a parameter of shape {tuple(p.shape)}")
 
     opt.register_state_dict_post_hook(saved)
     opt.register_load_state_dict_post_hook(loaded)
-    return opt
+    return checkpoint.refuse_misfit_state(opt)
 
 
 def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:

@@ -24,7 +24,7 @@ import torch.optim as optim
 import tyro
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from cleanrl_ddp import env_state, evals, graphs
+from cleanrl_ddp import checkpoint, env_state, evals, graphs
 from cleanrl_ddp import runtime as rt
 
 SCRIPT = os.path.basename(__file__)[: -len(".py")]
@@ -226,7 +226,7 @@ def main() -> None:
         for tensor in q_network.state_dict().values():  # the same start on either --grad-sync
             dist.broadcast(tensor, src=0)
     # foreach: CUDA's default, on the CPU too
-    optimizer = optim.RAdam(q_network.parameters(), lr=args.learning_rate, foreach=True)
+    optimizer = checkpoint.refuse_misfit_state(optim.RAdam(q_network.parameters(), lr=args.learning_rate, foreach=True))
     rt.seed_everything(rt.rank_seed(args.seed, rank))
     if ckpt:
         q_network.load_state_dict(ckpt["q_network"])

@@ -60,7 +60,7 @@ class Script:
     other_env_id: str  # one this script accepts, to resume a checkpoint of `env_id` with
     tiny: tuple  # every rank steps `local_steps` env steps per iteration
     local_steps: int
-    learning_rate: float | None  # the default, for the schedule check (None: not annealed)
+    learning_rate: float | None = 2.5e-4  # the default, for the schedule check (None: not annealed)
     needs: str = ""  # a module the script imports beyond the test extra: its tests skip without it
     tags: tuple = ("losses/value_loss", "charts/learning_rate")  # logged once per iteration
 
@@ -86,7 +86,6 @@ PPO = Script(
     "Acrobot-v1",
     ("--local-num-envs", 2, "--num-steps", 16, "--num-minibatches", 2, "--update-epochs", 1),
     local_steps=2 * 16,
-    learning_rate=2.5e-4,
 )
 CONTINUOUS = Script(
     "ppo_continuous_action_multigpu.py",
@@ -103,7 +102,6 @@ ATARI = Script(
     "PongNoFrameskip-v4",
     ("--local-num-envs", 1, "--num-steps", 16, "--num-minibatches", 1, "--update-epochs", 1),
     local_steps=16,
-    learning_rate=2.5e-4,
 )
 # the rollout in two halves of one env each; its checkpoint and resume lines are the synchronous script's
 ASYNC = Script(
@@ -112,7 +110,6 @@ ASYNC = Script(
     "PongNoFrameskip-v4",
     ("--local-num-envs", 2, "--num-steps", 4, "--num-minibatches", 1, "--update-epochs", 1),
     local_steps=2 * 4,
-    learning_rate=2.5e-4,
 )
 # PQN: the PPO scripts' sizes and their checkpoint and resume lines (classic: envs saved as data, so exact)
 PQN = Script(
@@ -121,7 +118,6 @@ PQN = Script(
     "Acrobot-v1",
     PPO.tiny,
     local_steps=PPO.local_steps,
-    learning_rate=2.5e-4,
     tags=("losses/td_loss", "charts/epsilon"),
 )
 PQN_ATARI = Script(
@@ -130,7 +126,6 @@ PQN_ATARI = Script(
     "PongNoFrameskip-v4",
     ATARI.tiny,
     local_steps=ATARI.local_steps,
-    learning_rate=2.5e-4,
     tags=("losses/td_loss", "charts/epsilon"),
 )
 # --log-every counts global steps (4 per iteration here): every iteration logs; updates start at global step 64
@@ -584,9 +579,13 @@ def corrupt(kind: str, source: Path, target: Path, script: Script) -> str:
         torch.save({"script": "other", "args": {"env_id": script.env_id}}, target)
     elif kind == "incomplete":
         torch.save({"script": script.stem, "args": {"env_id": script.env_id}}, target)
-    elif kind in ("malformed", "other-shape"):  # one rank's RNG streams gone; a weight of another shape
-        ckpt = load(source)
-        ckpt["rng"].pop() if kind == "malformed" else ckpt["agent"].update({"critic.0.weight": torch.zeros(3, 3)})
+    elif kind in ("malformed", "other-shape", "other-moments"):  # one rank's RNG streams gone; a weight, a moment
+        ckpt = load(source)  # of another shape (a hand-made file: torch loads moments of any shape)
+        if kind == "malformed":
+            ckpt["rng"].pop()
+        else:
+            entry = ckpt["agent"] if kind == "other-shape" else ckpt["optimizer"]["state"][0]
+            entry["critic.0.weight" if kind == "other-shape" else "exp_avg"] = torch.zeros(3, 3)
         torch.save(ckpt, target)
     else:
         shutil.copy(source, target)
@@ -607,6 +606,7 @@ def corrupt(kind: str, source: Path, target: Path, script: Script) -> str:
         ),
         case(PPO, "malformed", r"has a malformed world_size, rng, rank_state \(one item per rank\)", name="malformed"),
         case(PPO, "other-shape", r"does not fit this script \(RuntimeError: .*size mismatch for c", name="other-shape"),
+        case(PQN, "other-moments", r"does not fit this script \(ValueError: optimizer state \{'exp_a", name="moments"),
         case(PPO, "other-env", r"trained CartPole-v1, not --env-id Acrobot-v1", name="other-env"),
         case(PPO, "missing", r"--resume: no checkpoint at .*nowhere", name="missing"),
     ],
@@ -623,11 +623,11 @@ def test_bad_checkpoint_is_one_line_and_left_untouched(
     env_id = corrupt(kind, finished_runs(script) / "checkpoint.pt", ckpt, script)
     before = file_sha256(ckpt)
     resume = tmp_path / "nowhere" if kind == "missing" else run_dir
-    more = sigterm_iterations(script) + 3  # than the finished run: a resume that would train on
+    more = 2 * sigterm_iterations(script) + 3  # one process: more than the 2-rank run, a resume that would train
     args = script.args(more, tmp_path / "runs", "--resume", resume, nproc=0, env_id=env_id)
     code, stderr = main_exit(monkeypatch, capsys, script.name, *args)
     assert code == 2 and re.fullmatch(f"{script.stem}: error: .*{pattern}.*", stderr.strip()), stderr
-    held = ["lease"] if kind == "other-shape" else []  # the run had taken its directory, then loaded the state
+    held = ["lease"] if kind in ("other-shape", "other-moments") else []  # taken before the state was loaded
     assert file_sha256(ckpt) == before and sorted(os.listdir(run_dir)) == ["checkpoint.pt", *held]
 
 
