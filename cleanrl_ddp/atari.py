@@ -35,12 +35,10 @@ def ale_game(env_id: str) -> str:
 
 def sticky_action_probability(args) -> float:
     """`--repeat-action-probability`, by default the id's protocol: 0.25 for `ALE/*-v5` (Machado et al., 2018),
-    else 0.0 (the v4 protocol). Raises RunError outside [0, 1]."""
+    else 0.0 (the v4 protocol); `run.check_values` keeps a given one in [0, 1]."""
     p = args.repeat_action_probability
     if p is None:
         p = 0.25 if args.env_id.startswith("ALE/") and args.env_id.endswith("-v5") else 0.0
-    if not 0.0 <= p <= 1.0:
-        raise RunError("--repeat-action-probability must be between 0 and 1")
     return p
 
 

@@ -161,8 +161,6 @@ def derive_sizes(args: Args, world_size: int) -> Sizes:
         raise rt.RunError(
             f"--learning-starts must be at least the number of envs ({num_envs}), got {args.learning_starts}"
         )
-    if not 0 < args.exploration_fraction * args.total_timesteps:  # epsilon's decay, in steps
-        raise rt.RunError(f"--exploration-fraction must be positive, got {args.exploration_fraction}")
     num_iterations = args.total_timesteps // num_envs
     if num_iterations < 1:
         raise rt.RunError(f"--total-timesteps {args.total_timesteps} is smaller than one step of all {num_envs} envs")

@@ -129,8 +129,6 @@ class Sizes(rt.Sizes):
 
 def derive_sizes(args: Args, world_size: int) -> Sizes:
     rt.require_at_least_1(args, "local_num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps")
-    if not args.exploration_fraction > 0:
-        raise rt.RunError(f"--exploration-fraction must be positive, got {args.exploration_fraction}")
     local_batch_size = args.local_num_envs * args.num_steps
     if local_batch_size % args.num_minibatches != 0:
         raise rt.RunError(

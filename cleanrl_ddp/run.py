@@ -3,6 +3,7 @@
 nothing of ours but errors.py, so both can import it without a cycle; scripts reach it as `rt.RunArgs`.
 """
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
@@ -67,8 +68,38 @@ MAX_DIST_TIMEOUT = 365 * 86400
 """the longest --dist-timeout (a year): torch.distributed keeps its timeout in milliseconds"""
 
 
+IN_RANGE = {
+    "in [0, 1]": lambda v: 0 <= v <= 1,
+    "finite and at least 0": lambda v: 0 <= v < math.inf,
+    "at least 0 (inf: no limit)": lambda v: v >= 0,
+    "positive": lambda v: v > 0,
+    "a number": lambda v: not math.isnan(v),
+}
+UNIT, FINITE, LIMIT = "in [0, 1]", "finite and at least 0", "at least 0 (inf: no limit)"
+FLAG_RANGES = dict.fromkeys(("gamma", "gae_lambda", "q_lambda", "tau", "start_e", "end_e", "eval_epsilon"), UNIT)
+FLAG_RANGES |= dict.fromkeys(("repeat_action_probability",), UNIT)
+FLAG_RANGES |= dict.fromkeys(("learning_rate", "q_lr", "policy_lr", "alpha", "ent_coef", "vf_coef"), FINITE)
+FLAG_RANGES |= dict.fromkeys(("exploration_noise", "policy_noise", "noise_clip"), FINITE)
+FLAG_RANGES |= dict.fromkeys(("clip_coef", "max_grad_norm", "clip_obs", "clip_reward", "target_kl"), LIMIT)
+FLAG_RANGES |= dict(exploration_fraction="positive")
+"""the scripts' float flags that have a range (`IN_RANGE`): discounts, trace decays, the target networks' update mix
+and probabilities; step sizes, loss coefficients and noise scales; clips and limits. Any other: not NaN"""
+
+
+def check_values(args) -> None:
+    """Raise RunError for a float flag of `args` out of its range (`FLAG_RANGES`) or a --seed that numpy cannot
+    take: either would fail deep in torch or numpy, or train on NaN, later."""
+    if not 0 <= args.seed < 2**32:
+        raise RunError(f"--seed must be in [0, 2**32 - 1], got {args.seed}")
+    for name, value in vars(args).items():
+        must = FLAG_RANGES.get(name, "a number")
+        if isinstance(value, float) and not IN_RANGE[must](value):
+            raise RunError(f"--{name.replace('_', '-')} must be {must}, got {value}")
+
+
 def check_run_flags(args: RunArgs) -> None:
-    """Raise RunError for run flags that are out of range or that need another flag."""
+    """Raise RunError for flags that are out of range (`check_values`) or that need another flag."""
+    check_values(args)
     for name in ("checkpoint_every", "sync_check_every", "eval_every"):
         if getattr(args, name) < 0:
             raise RunError(f"--{name.replace('_', '-')} must be 0 (off) or positive")
