@@ -115,6 +115,8 @@ def main(argv=None) -> int:
     options = parser.parse_args(argv)
     if options.episodes < 1:
         raise EvalError(f"--episodes must be at least 1, got {options.episodes}")
+    if options.seed < 0:
+        raise EvalError(f"--seed must be at least 0, got {options.seed}")
     device = choose_device(options.device)
 
     ckpt, run_dir = load(options.path)

@@ -78,19 +78,21 @@ def test_bad_flag_is_one_line(main_in_process, script, flags, message):
 
 
 @pytest.mark.parametrize(
-    "device, message",
+    "flags, message",
     [
-        ("bogus", "--device 'bogus' is not a torch device"),
+        (("--device", "bogus"), "--device 'bogus' is not a torch device"),
         pytest.param(
-            "cuda",
+            ("--device", "cuda"),
             "--device cuda: CUDA is not available here",
             marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available"),
         ),
+        (("--seed", "-1"), "--seed must be at least 0, got -1"),
+        (("--episodes", "0"), "--episodes must be at least 1, got 0"),
     ],
 )
-def test_evaluate_bad_device_is_one_line(tmp_path, device, message):
+def test_evaluate_bad_flag_is_one_line(tmp_path, flags, message):
     with pytest.raises(evaluate.EvalError, match=message.replace("(", r"\(")):
-        evaluate.main([str(tmp_path), "--device", device])  # refused before the (missing) checkpoint is read
+        evaluate.main([str(tmp_path), *flags])  # refused before the (missing) checkpoint is read
 
 
 def test_evaluate_device_index_beyond_the_machine_is_one_line(tmp_path, monkeypatch):
