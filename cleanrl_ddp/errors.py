@@ -19,6 +19,11 @@ LOAD_ERRORS = (KeyError, IndexError, TypeError, ValueError, RuntimeError, Attrib
 """what loading a file's state into objects raises when the state does not fit them (another shape, another type)"""
 
 
+def out_of_memory(e: BaseException) -> bool:
+    """Whether `e` is a failed allocation: numpy's MemoryError, torch's on the host or on a GPU."""
+    return isinstance(e, MemoryError) or any(s in str(e) for s in ("can't allocate memory", "out of memory"))
+
+
 def one_line(e: BaseException) -> str:
     """`Type: message` on one line of at most 240 characters (torch's load errors span several)."""
     return " ".join(f"{type(e).__name__}: {e}".split())[:240]

@@ -439,7 +439,8 @@ def exit_codes(script: str):
 
     RunError: rank 0 prints `{script}: error: ...` and every rank exits with its code; so does an error while the
     script loads a checkpoint's state (`_loading`: a tensor of another shape, say), with EXIT_BAD_INPUT. A failed
-    collective (a lost rank): every surviving rank prints one line and exits with EXIT_LOST_RANK.
+    collective (a lost rank): every surviving rank prints one line and exits with EXIT_LOST_RANK. Out of memory:
+    every rank that ran out prints one line and exits with EXIT_BAD_INPUT (the sizes asked for too much).
     """
     exit_code = 1
     try:
@@ -459,7 +460,18 @@ def exit_codes(script: str):
         print_run_error(script, e)
     except Exception as e:
         reason = lost_rank_message(e)
-        if reason is None and _loading and isinstance(e, errors.LOAD_ERRORS) and "out of memory" not in str(e):
+        if reason is None and errors.out_of_memory(e):  # each rank that ran out says so: maybe rank 0 did not
+            exit_code = errors.EXIT_BAD_INPUT
+            rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
+            who = f"rank {rank} " if int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", 1))) > 1 else ""
+            text = errors.one_line(e).split("] ", 1)[-1].removeprefix("err == 0. ")  # no C++ source prefix
+            print(
+                f"{script}: error: {who}ran out of memory ({text}): lower the sizes the run allocates (envs, "
+                "steps, buffer, batch); nothing was overwritten",
+                file=sys.stderr,
+                flush=True,
+            )
+        elif reason is None and _loading and isinstance(e, errors.LOAD_ERRORS):
             exit_code = errors.EXIT_BAD_INPUT  # e.g. a tensor of another shape, an entry of another type
             text = errors.one_line(e)
             print_run_error(script, f"--resume: {_loading[0]} does not fit this script ({text}); it was left as it is")

@@ -3,12 +3,13 @@ process and stops with the RunError (or evaluate's EvalError) that `rt.exit_code
 code 2 (tests/test_runtime.py checks that path); nothing is written before it. One case also runs as a command."""
 
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 import torch
-from helpers import assert_one_line_error, launch, main_error, script_path
+from helpers import assert_one_line_error, launch, main_error, main_exit, script_path
 
 from cleanrl_ddp import evaluate
 
@@ -75,6 +76,16 @@ def main_in_process(monkeypatch, tmp_path):
 )
 def test_bad_flag_is_one_line(main_in_process, script, flags, message):
     assert message in main_in_process(script, *flags)
+
+
+def test_sizes_beyond_memory_are_one_line(monkeypatch, capsys, tmp_path):
+    """A rollout of 10^13 steps (160 TB: more than any address space, whatever the kernel's overcommit) fails as
+    the script allocates it: one line, exit 2 (the sizes are the input at fault), no run directory."""
+    flags = ("--num-steps", 10**13, "--num-minibatches", 1, "--local-num-envs", 1, "--total-timesteps", 10**13)
+    code, stderr = main_exit(monkeypatch, capsys, "ppo_multigpu.py", *flags, "--runs-dir", tmp_path / "runs")
+    line = r"ppo_multigpu: error: ran out of memory \(DefaultCPUAllocator: can't allocate memory: .* bytes.*"
+    assert code == 2 and re.fullmatch(line + "; nothing was overwritten", stderr.strip()), stderr
+    assert not list((tmp_path / "runs").glob("*"))
 
 
 @pytest.mark.parametrize(

@@ -615,6 +615,18 @@ def test_lost_rank_message_only_for_failed_collectives():
         ("raise SystemExit(rt.EXIT_PREEMPTED)", 75, None),
         ("raise rt.RunError('diverged', rt.EXIT_DIVERGED)", 3, "demo: error: diverged"),
         ("raise RuntimeError('[x.cc:1] gloo: Connection reset by peer')", 4, "demo: error: rank 0 lost contact"),
+        (  # torch on the host (a real message), numpy, a GPU: out of memory is the sizes', never a traceback
+            "raise RuntimeError('[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can\\'t "
+            "allocate memory: you tried to allocate 180633600000 bytes. Error code 12 (Cannot allocate memory)')",
+            2,
+            "demo: error: ran out of memory (DefaultCPUAllocator: can't allocate memory: you tried to allocate 1806",
+        ),
+        (  # each rank that ran out says so: the others may have not
+            "os.environ.update(RANK='1', WORLD_SIZE='2'); raise MemoryError('Unable to allocate 1.00 TiB')",
+            2,
+            "demo: error: rank 1 ran out of memory (MemoryError: Unable to allocate 1.00 TiB)",
+        ),
+        ("rt._loading[:] = ['c.pt']; raise RuntimeError('CUDA out of memory.')", 2, "demo: error: ran out of memory"),
         (  # while a script loads a checkpoint's state: the file's error
             "rt._loading[:] = ['c.pt']; raise RuntimeError('size\\n\\tmismatch')",
             2,
@@ -626,6 +638,8 @@ def test_exit_codes_one_line_each(tmp_path, monkeypatch, body, code, line):
     """`rt.exit_codes` in a forked child (it leaves with os._exit): its exit code and what it wrote to stderr."""
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("SLURM_PROCID", raising=False)
+    for var in ("WORLD_SIZE", "SLURM_NTASKS"):
+        monkeypatch.delenv(var, raising=False)
     stderr = tmp_path / "stderr"
     pid = os.fork()
     if pid == 0:  # the child: stderr to a file, then the script's __main__ block
