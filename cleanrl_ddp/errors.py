@@ -2,7 +2,8 @@
 module (runtime, launch, checkpoint, lease, atari, the scripts) can raise it without an import cycle."""
 
 EXIT_BAD_INPUT = 2
-"""exit code: invalid flags, environment, checkpoint or run directory, or a full disk (nothing was overwritten)"""
+"""exit code: invalid flags, environment, checkpoint or run directory, a full disk or sizes beyond memory (nothing
+was overwritten)"""
 EXIT_DIVERGED = 3
 """exit code: `--sync-check-every` found replicas whose parameters or optimizer state differ"""
 EXIT_LOST_RANK = 4
