@@ -438,9 +438,10 @@ def exit_codes(script: str):
     """Wrap a script's `main()`: one-line errors and exit codes, process-group teardown, then leave.
 
     RunError: rank 0 prints `{script}: error: ...` and every rank exits with its code; so does an error while the
-    script loads a checkpoint's state (`_loading`: a tensor of another shape, say), with EXIT_BAD_INPUT. A failed
-    collective (a lost rank): every surviving rank prints one line and exits with EXIT_LOST_RANK. Out of memory:
-    every rank that ran out prints one line and exits with EXIT_BAD_INPUT (the sizes asked for too much).
+    script loads a checkpoint's state (`_loading`: a tensor of another shape, say), with EXIT_BAD_INPUT, and another
+    rank whose own part failed (its envs) says it too (`print_run_error`). A failed collective (a lost rank): every
+    surviving rank prints one line and exits with EXIT_LOST_RANK. Out of memory: every rank that ran out prints one
+    line and exits with EXIT_BAD_INPUT (the sizes asked for too much).
     """
     exit_code = 1
     try:
@@ -474,7 +475,8 @@ def exit_codes(script: str):
         elif reason is None and _loading and isinstance(e, errors.LOAD_ERRORS):
             exit_code = errors.EXIT_BAD_INPUT  # e.g. a tensor of another shape, an entry of another type
             text = errors.one_line(e)
-            print_run_error(script, f"--resume: {_loading[0]} does not fit this script ({text}); it was left as it is")
+            message = f"--resume: {_loading[0]} does not fit this script ({text}); it was left as it is"
+            print_run_error(script, message, every_rank=True)  # a rank's own envs or buffer may be what failed
         elif reason is None:
             import traceback
 
@@ -500,15 +502,23 @@ def exit_codes(script: str):
         os._exit(exit_code)
 
 
-def print_run_error(script: str, error) -> None:
-    """Rank 0 prints `{script}: error: {error}`; the other ranks say nothing."""
-    if int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0))) == 0:
+RANK_0_FIRST_S = 5.0
+"""how long another rank waits for rank 0 to report the same error first (then torchrun stops the others)"""
+
+
+def print_run_error(script: str, error, every_rank: bool = False) -> None:
+    """Rank 0 prints `{script}: error: {error}`. The other ranks say nothing, or, `every_rank`, say it as `rank r:`
+    unless rank 0 said it first: an error of what only this rank loaded (its envs, its buffer)."""
+    rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", 0)))
+    if rank == 0:
         print(f"{script}: error: {error}", file=sys.stderr, flush=True)
-    elif not dist.is_initialized():
-        # Every rank found the same bad input before the ranks met; let rank 0 (maybe still starting
-        # up) print it first: torchrun stops the other ranks as soon as one exits.
+    elif every_rank or not dist.is_initialized():
+        # Let rank 0 (maybe still starting up) print the error every rank found first: torchrun stops the other
+        # ranks as soon as one exits. Rank 0 meanwhile waiting in a collective did not find it.
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        time.sleep(5)
+        time.sleep(RANK_0_FIRST_S)
+        if every_rank:
+            print(f"{script}: error: rank {rank}: {error}", file=sys.stderr, flush=True)
 
 
 def lost_rank_message(e: BaseException) -> Optional[str]:

@@ -627,6 +627,16 @@ def test_lost_rank_message_only_for_failed_collectives():
             "demo: error: rank 1 ran out of memory (MemoryError: Unable to allocate 1.00 TiB)",
         ),
         ("rt._loading[:] = ['c.pt']; raise RuntimeError('CUDA out of memory.')", 2, "demo: error: ran out of memory"),
+        (  # another rank: a RunError is rank 0's to say; a state only it loaded (its envs) did not fit: it says so
+            "os.environ['RANK'] = '1'; rt.RANK_0_FIRST_S = 0; raise rt.RunError('--x must be 1')",
+            2,
+            None,
+        ),
+        (
+            "os.environ['RANK'] = '1'; rt.RANK_0_FIRST_S = 0; rt._loading[:] = ['c.pt']; raise ValueError('envs')",
+            2,
+            "demo: error: rank 1: --resume: c.pt does not fit this script (ValueError: envs); it was left as it is",
+        ),
         (  # while a script loads a checkpoint's state: the file's error
             "rt._loading[:] = ['c.pt']; raise RuntimeError('size\\n\\tmismatch')",
             2,
