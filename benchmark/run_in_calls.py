@@ -164,13 +164,20 @@ def main(argv=None) -> int:
     part_bytes = None if args.part_mib is None else int(args.part_mib * 2**20)
     if part_bytes is not None and part_bytes < 1:
         parser.error(f"--part-mib must be positive, got {args.part_mib}")
+    if not Path(args.script).is_file():
+        parser.error(f"--script {args.script}: no such file")
+    if args.world_size < 1:
+        parser.error(f"--world-size must be at least 1, got {args.world_size}")
     if args.margin <= PACK_SECONDS:
         parser.error(f"--margin must leave the run time to checkpoint: more than {PACK_SECONDS} s")
     if deadline is not None and 60 * args.minutes <= args.margin:
         parser.error(f"--minutes {args.minutes} leaves no time to run before the --margin of {args.margin:.0f} s")
 
     runs_dir = Path(args.runs_dir)
-    runs_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        runs_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        parser.error(f"--runs-dir {runs_dir}: {e.strerror}")
     name = run_name(args.script, args.env_id, args.world_size, args.seed, args.label)
     run_dir = unpack(Path(args.carried), name, runs_dir) if args.carried else runs_dir / name
     records, running = run_dir / PIECES_FILE, run_dir / RUNNING_FILE

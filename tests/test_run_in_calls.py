@@ -9,10 +9,12 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from helpers import REPO, read_scalar_events, wait_until
 
 from benchmark import harness
 from benchmark.run_in_calls import descendants
+from benchmark.run_in_calls import main as run_in_calls_main
 
 TINY = ["--local-num-envs", "2", "--num-steps", "32", "--num-minibatches", "1", "--update-epochs", "1"]
 NAME = "BreakoutNoFrameskip-v4__ppo_atari_multigpu__ws1__seed1"
@@ -143,3 +145,21 @@ def test_a_piece_whose_run_in_calls_died_is_recorded_as_interrupted(tmp_path):
         (2, "finished", 0, 1000),
     ]
     assert not (run_dir / harness.RUNNING_FILE).exists()
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--script", "nope.py"], "--script nope.py: no such file"),
+        (["--script", "cleanrl_ddp/ppo_multigpu.py", "--world-size", "0"], "--world-size must be at least 1, got 0"),
+        (["--script", "cleanrl_ddp/ppo_multigpu.py", "--runs-dir", "{file}/runs"], "--runs-dir {file}/runs: Not a dir"),
+    ],
+    ids=["no-script", "world-size-0", "runs-dir-under-a-file"],
+)
+def test_bad_flags_are_one_line_before_any_piece(tmp_path, monkeypatch, capsys, flags, message):
+    (tmp_path / "file").write_text("")
+    monkeypatch.chdir(REPO)
+    flags = [f.format(file=tmp_path / "file") for f in flags]
+    with pytest.raises(SystemExit) as leave:
+        run_in_calls_main([*flags, "--env-id", "CartPole-v1"])
+    assert leave.value.code == 2 and f"error: {message.format(file=tmp_path / 'file')}" in capsys.readouterr().err
