@@ -539,9 +539,15 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.command == "run":
         if args.label and len(args.world_sizes) > 1:
-            parser.error("--label names one configuration: give it one world size")
+            run.error("--label names one configuration: give it one world size")
+        if not Path(args.script).is_file():
+            run.error(f"--script {args.script}: no such file")
+        if min(args.world_sizes) < 1 or args.jobs < 1:
+            run.error(f"--world-sizes and --jobs must be at least 1, got {args.world_sizes} and {args.jobs}")
         args.extra = args.extra[1:] if args.extra[:1] == ["--"] else args.extra
         return cmd_run(args)
+    if not Path(args.runs_dir).is_dir():
+        report.error(f"--runs-dir {args.runs_dir}: no such directory")
     return cmd_report(args)
 
 

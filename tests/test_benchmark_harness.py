@@ -152,3 +152,20 @@ def test_report_draws_a_peer_run_launched_by_hand_in_our_scripts_figure_not_fini
     assert "20.3 ± 0.4 (CleanRL at 10,000,000 steps; not finished)" in text
     assert f"Launched by hand (no command, machine or versions recorded): {run_dir.name}." in text
     assert (out / "ppo_atari_multigpu__PongNoFrameskip-v4.png").is_file()
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["run", "--script", "nope.py", "--env-ids", "CartPole-v1"], "--script nope.py: no such file"),
+        (["run", "--script", "{ppo}", "--env-ids", "CartPole-v1", "--world-sizes", "0"], "--world-sizes and --jobs"),
+        (["report", "--runs-dir", "{tmp}/nope", "--out", "{tmp}/out"], "--runs-dir {tmp}/nope: no such directory"),
+    ],
+    ids=["no-script", "world-size-0", "no-runs-dir"],
+)
+def test_bad_flags_are_one_line(tmp_path, capsys, flags, message):
+    names = dict(ppo=script_path("ppo_multigpu.py"), tmp=tmp_path)
+    with pytest.raises(SystemExit) as leave:
+        harness.main([f.format(**names) for f in flags])
+    assert leave.value.code == 2 and f"error: {message.format(**names)}" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []
