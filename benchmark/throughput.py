@@ -361,6 +361,12 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, help="also write DIR/throughput.md and DIR/sps_vs_world_size.png")
     parser.add_argument("extra", nargs="*", help="more flags for the script, after `--`")
     args = parser.parse_args(argv)
+    if not Path(args.script).is_file():
+        parser.error(f"--script {args.script}: no such file")
+    if min(args.world_sizes) < 1 or args.repeats < 1 or args.warmup < 0:
+        parser.error("--world-sizes and --repeats must be at least 1, --warmup at least 0")
+    if args.iterations <= args.warmup:
+        parser.error(f"--iterations {args.iterations} leaves no steady rate after --warmup {args.warmup}: give more")
     if args.env_sweep:
         cores = len(os.sched_getaffinity(0))
         print(f"# {Path(args.script).name}'s make_env, {args.env_id}, random actions, {cores} cores", flush=True)

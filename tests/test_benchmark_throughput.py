@@ -9,6 +9,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from helpers import REPO
 
 from benchmark.profile_rollout import PARTS, is_profilable, profile_iterations
 from benchmark.throughput import (
@@ -190,3 +191,19 @@ def test_env_sweep_settings_and_the_best_line():
         "env-sweep 8 envs best: num_threads 4, batch_size 4: 4,000 steps/s; all 8 at once: num_threads 4, "
         "2,000 steps/s = 1.00x the scripts' num_threads 4 (2,000)"
     ]
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--script", "nope.py"], "--script nope.py: no such file"),
+        (["--world-sizes", "0"], "--world-sizes and --repeats must be at least 1"),
+        (["--iterations", "4", "--warmup", "4"], "--iterations 4 leaves no steady rate after --warmup 4"),
+    ],
+    ids=["no-script", "world-size-0", "all-warmup"],
+)
+def test_bad_flags_are_one_line(monkeypatch, capsys, flags, message):
+    monkeypatch.chdir(REPO)  # the default --script, relative to the repository
+    with pytest.raises(SystemExit) as leave:
+        main(flags)
+    assert leave.value.code == 2 and f"error: {message}" in capsys.readouterr().err
