@@ -1,6 +1,8 @@
 """The exit codes of a run and `RunError`, the error a user can fix. A leaf: it imports nothing of ours, so every
 module (runtime, launch, checkpoint, lease, atari, the scripts) can raise it without an import cycle."""
 
+import errno
+
 EXIT_BAD_INPUT = 2
 """exit code: invalid flags, environment, checkpoint or run directory, a full disk or sizes beyond memory (nothing
 was overwritten)"""
@@ -23,6 +25,11 @@ LOAD_ERRORS = (KeyError, IndexError, TypeError, ValueError, RuntimeError, Attrib
 def out_of_memory(e: BaseException) -> bool:
     """Whether `e` is a failed allocation: numpy's MemoryError, torch's on the host or on a GPU."""
     return isinstance(e, MemoryError) or any(s in str(e) for s in ("can't allocate memory", "out of memory"))
+
+
+def disk_full(e: BaseException) -> bool:
+    """Whether `e` is a write that found no room: a full disk, a file-size limit, a quota."""
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 
 
 def one_line(e: BaseException) -> str:

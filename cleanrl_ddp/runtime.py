@@ -13,6 +13,7 @@ import os
 import random
 import signal
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -239,6 +240,8 @@ def open_logs(run: Run, sizes: dict, ckpt: Optional[dict]) -> None:
     # (a restart before the first checkpoint purges from step 1)
     run.writer = SummaryWriter(run.run_dir, purge_step=None if run.new_dir else global_step + 1)
     _open_runs.append(run)  # closed on every way out (`close_logs`, from `exit_codes`)
+    # a full disk in its writer thread reaches the next write, where `exit_codes` says it once: no thread traceback
+    threading.excepthook = lambda hook: errors.disk_full(hook.exc_value) or threading.__excepthook__(hook)
     table = "\n".join(f"|{k}|{v}|" for k, v in config.items())
     run.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
     print(f"{run.script}: {args.env_id}, run directory {run.run_dir}")
@@ -429,8 +432,11 @@ def close_logs(exit_code: int) -> None:
                 import wandb
 
                 wandb.finish(exit_code=exit_code)
-        except Exception as e:  # on the way out after another error: say it, and leave anyway
-            print(f"{run.script}: could not close the logs of {run.run_dir} ({type(e).__name__}: {e})", file=sys.stderr)
+        except Exception as e:  # on the way out after another error: say it (a full disk: said), and leave anyway
+            if not (exit_code == errors.EXIT_BAD_INPUT and errors.disk_full(e)):
+                print(
+                    f"{run.script}: could not close the logs of {run.run_dir} ({errors.one_line(e)})", file=sys.stderr
+                )
 
 
 @contextmanager
@@ -471,6 +477,13 @@ def exit_codes(script: str):
                 "steps, buffer, batch); nothing was overwritten",
                 file=sys.stderr,
                 flush=True,
+            )
+        elif reason is None and errors.disk_full(e):  # rank 0's logs (TensorBoard raises its writer's error here)
+            exit_code = errors.EXIT_BAD_INPUT
+            print_run_error(
+                script,
+                f"no room to write ({errors.one_line(e)}); the last checkpoint, if any, is intact: make room "
+                "and relaunch to resume",
             )
         elif reason is None and _loading and isinstance(e, errors.LOAD_ERRORS):
             exit_code = errors.EXIT_BAD_INPUT  # e.g. a tensor of another shape, an entry of another type

@@ -4,14 +4,17 @@ code 2 (tests/test_runtime.py checks that path); nothing is written before it. O
 
 import os
 import re
+import resource
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
-from helpers import assert_one_line_error, launch, main_error, main_exit, script_path
+from helpers import as_one_rank, assert_one_line_error, launch, main_error, main_exit, script_path
 
 from cleanrl_ddp import evaluate
+from cleanrl_ddp import runtime as rt
 
 # a run of 32 steps: without its check, a bad flag would train (or crash) in seconds, not for the default budget
 DQN_TINY = ("--total-timesteps", 32, "--local-num-envs", 1, "--buffer-size", 32, "--learning-starts", 16)
@@ -86,6 +89,34 @@ def test_sizes_beyond_memory_are_one_line(monkeypatch, capsys, tmp_path):
     line = r"ppo_multigpu: error: ran out of memory \(DefaultCPUAllocator: can't allocate memory: .* bytes.*"
     assert code == 2 and re.fullmatch(line + "; nothing was overwritten", stderr.strip()), stderr
     assert not list((tmp_path / "runs").glob("*"))
+
+
+def test_a_full_disk_while_logging_is_one_line(tmp_path, monkeypatch):
+    """TensorBoard's writer thread finds no room (a file-size limit, from the logs' opening on, below the event file's
+    first records, as a full disk): its error reaches the loop's next log and is one line, exit 2, without the thread's
+    traceback. In a forked child: the limit and exit_codes' os._exit stay there."""
+    read, write = os.pipe()  # stderr: a pipe, which the file-size limit does not cover
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read)
+            os.dup2(write, 2)
+            sys.stderr = open(2, "w", closefd=False)
+            threading.excepthook = threading.__excepthook__  # Python's, which pytest replaces with its own
+            open_logs = rt.open_logs
+            room = (resource.RLIMIT_FSIZE, (200, 200))  # the event file's header, not the hyperparameters' text
+            monkeypatch.setattr(rt, "open_logs", lambda *a: resource.setrlimit(*room) or open_logs(*a))
+            flags = ("--runs-dir", tmp_path / "runs", *PPO_TINY[:-6], "--num-steps", 32, "--total-timesteps", 512)
+            with as_one_rank(monkeypatch, "ppo_multigpu.py", *flags) as main, rt.exit_codes("ppo_multigpu"):
+                main()
+        finally:
+            os._exit(99)  # never reached when exit_codes leaves as it should; never back into pytest
+    os.close(write)
+    with os.fdopen(read) as stderr:
+        lines = stderr.read().strip().splitlines()
+    _, status = os.waitpid(pid, 0)
+    line = "ppo_multigpu: error: no room to write (OSError: [Errno 27] File too large); the last checkpoint, if any, is"
+    assert os.waitstatus_to_exitcode(status) == 2 and len(lines) == 1 and lines[0].startswith(line), lines
 
 
 @pytest.mark.parametrize(
