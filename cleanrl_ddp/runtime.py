@@ -211,16 +211,20 @@ class Stopwatch:
 
 # ---------------------------------------------------------------------------------------------- open the run
 def open_run(run: Run, sizes: Sizes, ckpt: Optional[dict]) -> None:
-    """Check the sizes against the checkpoint, claim the run directory, start the SPS clock, open the logs."""
+    """Check the sizes against the checkpoint, claim the run directory, open the logs, start the SPS clock."""
     run.sizes = asdict(sizes)
     run_dir.check_resumable(run, run.sizes, ckpt)
     _loading.clear()
-    error = broadcast_from_main(run, run_dir.claim_run_dir(run) if run.is_main else None)
+    error = run_dir.claim_run_dir(run) if run.is_main else None
+    if run.is_main and not error:
+        try:
+            open_logs(run, run.sizes, ckpt)
+        except RunError as e:  # W&B could not start
+            error = str(e)
+    error = broadcast_from_main(run, error)
     if error:  # every rank stops alike
         raise RunError(error)
     run.progress.sps_window.append((time.time(), ckpt["global_step"] if ckpt else 0))
-    if run.is_main:
-        open_logs(run, run.sizes, ckpt)
 
 
 def open_logs(run: Run, sizes: dict, ckpt: Optional[dict]) -> None:
@@ -235,7 +239,11 @@ def open_logs(run: Run, sizes: dict, ckpt: Optional[dict]) -> None:
         # a resumed run passes the id saved in its checkpoint; a new one keeps the id W&B chose
         names = dict(project=args.wandb_project_name, entity=args.wandb_entity, name=os.path.basename(run.run_dir))
         options = dict(config=config, sync_tensorboard=True, save_code=True, resume="allow")
-        run.wandb_run_id = wandb.init(**names, **options, id=run.wandb_run_id).id
+        try:
+            run.wandb_run_id = wandb.init(**names, **options, id=run.wandb_run_id).id
+        except wandb.errors.Error as e:  # not logged in, no network, ...
+            reason = errors.one_line(e)
+            raise RunError(f"--track: W&B could not start ({reason}); `wandb login`, or WANDB_MODE=offline") from None
     # purge_step drops events a crashed attempt logged after the checkpoint: no duplicate steps
     # (a restart before the first checkpoint purges from step 1)
     run.writer = SummaryWriter(run.run_dir, purge_step=None if run.new_dir else global_step + 1)

@@ -588,6 +588,21 @@ def test_wandb_continues_the_checkpoints_run(tmp_path, monkeypatch):
     assert calls[1]["resume"] == "allow" and calls[1]["config"]["batch_size"] == 10
 
 
+def test_wandb_that_cannot_start_is_one_line(tmp_path, monkeypatch):
+    """--track without a W&B login (or network): a RunError, which open_run broadcasts as it does the claim's."""
+    import wandb
+
+    def init(**kw):
+        raise wandb.errors.UsageError("No API key configured. Use `wandb login` to log in.")
+
+    monkeypatch.setattr(wandb, "init", init)
+    monkeypatch.setattr(sys, "argv", ["script"])
+    run = single_run(tmp_path, track=True)
+    rt.load_run(run, run.args)
+    with pytest.raises(rt.RunError, match=r"^--track: W&B could not start \(UsageError: No API key configured"):
+        rt.open_run(run, rt.Sizes(world_size=1, num_envs=1, batch_size=10, num_iterations=100), None)
+
+
 def test_finish_after_a_preemption_exits_75(tmp_path):
     run = single_run(tmp_path)
     rt.load_run(run, run.args)
