@@ -4,6 +4,8 @@ nothing of ours but errors.py, so both can import it without a cycle; scripts re
 """
 
 import math
+import types
+import typing
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
@@ -84,6 +86,16 @@ FLAG_RANGES |= dict.fromkeys(("clip_coef", "max_grad_norm", "clip_obs", "clip_re
 FLAG_RANGES |= dict(exploration_fraction="positive")
 """the scripts' float flags that have a range (`IN_RANGE`): discounts, trace decays, the target networks' update mix
 and probabilities; step sizes, loss coefficients and noise scales; clips and limits. Any other: not NaN"""
+
+
+def fits(value, hint) -> bool:
+    """Whether `value` (a checkpoint's saved flag: data someone else may have written) is of the flag's type `hint`."""
+    if typing.get_origin(hint) is Literal:
+        return value in typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):  # Optional[...]
+        return any(fits(value, option) for option in typing.get_args(hint))
+    kinds = {float: (int, float), type(None): type(None)}.get(hint, hint)
+    return isinstance(value, kinds) and (hint is bool or not isinstance(value, bool))
 
 
 def check_values(args) -> None:

@@ -94,6 +94,26 @@ def test_a_checkpoint_of_iteration_periods_loads_its_flags_as_global_steps(tmp_p
     assert (resumed.checkpoint_every, resumed.sync_check_every) == (50000, 2)
 
 
+def test_saved_flags_of_another_type_are_refused(tmp_path, monkeypatch):
+    """A checkpoint's flags are data that someone else may have written: one of another type than its field's is
+    refused in one line (before, the run went on and failed at its first use); an int passes as a float."""
+    monkeypatch.setattr(sys, "argv", ["script"])
+    args = asdict(Args(runs_dir=str(tmp_path)))
+    ckpt = dict(script="ppo_multigpu", args=args, sizes=dict(num_envs=1, batch_size=10), world_size=1)
+    ckpt |= dict(iteration=3, global_step=30, rng=[None], rank_state=[None])
+    fit = [dict(dist_timeout=300), dict(eval_episodes=5), dict(backend="gloo"), dict(sync_check_every=7)]
+    misfit = [dict(dist_timeout="300"), dict(seed=1.5), dict(cuda=1), dict(backend="mpi"), dict(total_timesteps=True)]
+    for saved in fit + misfit:
+        checkpoint.atomic_save(ckpt | dict(args=args | saved), str(tmp_path / "checkpoint.pt"))
+        ((name, value),) = saved.items()
+        if saved in fit:
+            resumed, _ = rt.load_run(single_run(tmp_path), Args(resume=str(tmp_path)))
+            assert getattr(resumed, name) == value
+        else:
+            with pytest.raises(rt.RunError, match=rf"holds flags of another type: {name} \({value!r}\); it was left"):
+                rt.load_run(single_run(tmp_path), Args(resume=str(tmp_path)))
+
+
 def test_the_lease_names_a_live_holder_and_passes_to_the_next_once_it_dies(tmp_path, monkeypatch, capsys):
     """cleanrl_ddp/lease.py: another live process's lease is refused in one line naming it; once that process is
     gone, this one takes the lease and names itself in the file; a file system without locks warns and goes on."""
