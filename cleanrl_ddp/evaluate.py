@@ -27,6 +27,7 @@ import torch
 from cleanrl_ddp import atari, evals
 from cleanrl_ddp.checkpoint import check_saved_env_id, read_checkpoint
 from cleanrl_ddp.errors import EXIT_BAD_INPUT, LOAD_ERRORS, RunError, one_line
+from cleanrl_ddp.run import misfit_flags
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -125,6 +126,8 @@ def main(argv=None) -> int:
     if "agent_kwargs" not in ckpt:
         raise EvalError(f"{options.path} has no agent_kwargs (written by an older {script}); it cannot be evaluated")
     saved = {k: v for k, v in ckpt["args"].items() if k in {f.name for f in fields(module.Args)}}
+    if misfit_flags(saved, module.Args):
+        raise EvalError(f"{options.path} holds flags of another type: {', '.join(misfit_flags(saved, module.Args))}")
     try:
         check_saved_env_id(str(saved.get("env_id")), options.env_id, options.path)
     except RunError as e:

@@ -98,6 +98,12 @@ def fits(value, hint) -> bool:
     return isinstance(value, kinds) and (hint is bool or not isinstance(value, bool))
 
 
+def misfit_flags(saved: dict, cls) -> list:
+    """The entries of `saved` (a checkpoint's flags) of another type than the field of `cls` they name, as text."""
+    hints = typing.get_type_hints(cls)
+    return [f"{k} ({v!r})" for k, v in saved.items() if k in hints and not fits(v, hints[k])]
+
+
 def check_values(args) -> None:
     """Raise RunError for a float flag of `args` out of its range (`FLAG_RANGES`) or a --seed that numpy cannot
     take: either would fail deep in torch or numpy, or train on NaN, later."""

@@ -6,15 +6,14 @@ and `runtime.open_run` call them and broadcast the outcome. docs/runtime.md#run-
 
 import json
 import os
-import typing
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from typing import Optional
 
 import tyro
 
 from cleanrl_ddp import checkpoint, launch, lease
 from cleanrl_ddp.errors import RunError
-from cleanrl_ddp.run import Run, RunArgs, fits
+from cleanrl_ddp.run import Run, RunArgs, misfit_flags
 
 FLAGS_FILE = "flags.json"
 """written into a new run directory: the script and flags that made it, so that a restart recognises its own"""
@@ -107,9 +106,8 @@ def take_saved_flags(run: Run, args: RunArgs, ckpt: dict, source: str) -> RunArg
     checkpoint's global sizes (`per_rank_flags`); the value the checkpoint was written with is accepted
     too, since torchrun and SLURM replay the same command.
     """
-    hints = typing.get_type_hints(type(args))
-    saved = {k: v for k, v in ckpt["args"].items() if k in hints}
-    wrong = [f"{k} ({v!r})" for k, v in saved.items() if not fits(v, hints[k])]
+    saved = {k: v for k, v in ckpt["args"].items() if k in {f.name for f in fields(type(args))}}
+    wrong = misfit_flags(saved, type(args))
     if wrong:
         raise RunError(f"--resume: {source} holds flags of another type: {', '.join(wrong)}; it was left as it is")
     checkpoint.check_saved_env_id(str(saved.get("env_id")), args.env_id, source)

@@ -263,7 +263,7 @@ def test_continuous_target_return_and_evaluate_with_normalisation(two_rank_runs,
     assert "over 2 greedy episodes" in out
 
 
-@pytest.mark.parametrize("problem", ["missing", "corrupt", "foreign", "other-script", "other-shape"])
+@pytest.mark.parametrize("problem", ["missing", "corrupt", "foreign", "other-script", "other-shape", "other-type"])
 def test_evaluate_rejects_bad_checkpoints_in_one_line(tmp_path, problem):
     path = tmp_path / "checkpoint.pt"
     if problem == "corrupt":
@@ -275,6 +275,8 @@ def test_evaluate_rejects_bad_checkpoints_in_one_line(tmp_path, problem):
     elif problem == "other-shape":
         weights = dict(agent_kwargs=dict(obs_dim=4, n_actions=2), agent={"critic.0.weight": torch.zeros(3)})
         torch.save(dict(script="ppo_multigpu", args={}, **weights), path)
+    elif problem == "other-type":  # a flag of another type: before, a traceback from gymnasium
+        torch.save(dict(script="ppo_multigpu", args=dict(env_id=5), agent_kwargs={}, agent={}), path)
     target = tmp_path if problem == "missing" else path
     expected = {
         "missing": "no checkpoint at",
@@ -282,6 +284,7 @@ def test_evaluate_rejects_bad_checkpoints_in_one_line(tmp_path, problem):
         "foreign": "is not a checkpoint of a cleanrl_ddp script",
         "other-script": "has no agent_kwargs (written by an older ppo_atari_multigpu); it cannot be evaluated",
         "other-shape": "holds an agent that does not fit ppo_multigpu (RuntimeError: Error(s) in loading state_dict",
+        "other-type": "holds flags of another type: env_id (5)",
     }[problem]
     if problem != "corrupt":  # in this process: the error that the command prints as one line
         with pytest.raises(EvalError, match=re.escape(expected)):
