@@ -94,7 +94,7 @@ def fits(value, hint) -> bool:
         return value in typing.get_args(hint)
     if typing.get_origin(hint) in (typing.Union, types.UnionType):  # Optional[...]
         return any(fits(value, option) for option in typing.get_args(hint))
-    kinds = {float: (int, float), type(None): type(None)}.get(hint, hint)
+    kinds = {float: (int, float), type(None): type(None)}.get(hint, typing.get_origin(hint) or hint)  # list[str]: list
     return isinstance(value, kinds) and (hint is bool or not isinstance(value, bool))
 
 
