@@ -44,6 +44,8 @@ def load_checkpoint(path: str, script: str, required: tuple = ()) -> dict:
     wrong = [key for key, kind in CHECKPOINT_TYPES.items() if not isinstance(ckpt[key], kind)]
     if not wrong and (ckpt["world_size"] < 1 or {len(ckpt["rng"]), len(ckpt["rank_state"])} != {ckpt["world_size"]}):
         wrong = ["world_size, rng, rank_state (one item per rank)"]
+    if not wrong and not all(type(v) in (int, float) for v in ckpt["sizes"].values()):
+        wrong = ["sizes (numbers)"]
     if wrong:
         raise RunError(f"--resume: {path} has a malformed {', '.join(wrong)}; it was left as it is")
     return ckpt

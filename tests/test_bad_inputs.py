@@ -2,16 +2,20 @@
 process and stops with the RunError (or evaluate's EvalError) that `rt.exit_codes` prints as one line with exit
 code 2 (tests/test_runtime.py checks that path); nothing is written before it. One case also runs as a command."""
 
+import dataclasses
+import importlib
+import math
 import os
 import re
 import resource
 import subprocess
 import sys
 import threading
+from typing import Optional
 
 import pytest
 import torch
-from helpers import as_one_rank, assert_one_line_error, launch, main_error, main_exit, script_path
+from helpers import REPO, as_one_rank, assert_one_line_error, launch, main_error, main_exit, script_path
 
 from cleanrl_ddp import evaluate
 from cleanrl_ddp import runtime as rt
@@ -79,6 +83,35 @@ def main_in_process(monkeypatch, tmp_path):
 )
 def test_bad_flag_is_one_line(main_in_process, script, flags, message):
     assert message in main_in_process(script, *flags)
+
+
+def test_float_flags_out_of_range_are_refused():
+    """Every script's float flags (run.FLAG_RANGES; any return goes, --dist-timeout: test_runtime.py): the
+    defaults and each range's edges pass; past an edge, or NaN, is one RunError naming the flag; so is a --seed
+    numpy refuses."""
+    from cleanrl_ddp import run
+
+    past = {"in [0, 1]": (1.5, -0.1), "finite and at least 0": (math.inf, -1e-9), "positive": (0.0, -1.0)}
+    past |= {"at least 0 (inf: no limit)": (-1.0,), "a number": ()}
+    edges = {"in [0, 1]": (0.0, 1.0), "finite and at least 0": (0.0,), "at least 0 (inf: no limit)": (0.0, math.inf)}
+    flags = set()
+    for name in [p.stem for p in (REPO / "cleanrl_ddp").glob("*_multigpu.py")]:
+        args = importlib.import_module(f"cleanrl_ddp.{name}").Args()
+        run.check_values(args)
+        floats = [f.name for f in dataclasses.fields(args) if f.type in (float, Optional[float], "float")]
+        flags |= set(floats)
+        for flag in floats:
+            must = run.FLAG_RANGES.get(flag, "a number")
+            for value in edges.get(must, ()):
+                run.check_values(dataclasses.replace(args, **{flag: value}))
+            for value in (*past[must], math.nan):
+                with pytest.raises(rt.RunError, match=f"--{flag.replace('_', '-')} must be {re.escape(must)}, got"):
+                    run.check_values(dataclasses.replace(args, **{flag: value}))
+        for seed in (-1, 2**32):
+            with pytest.raises(rt.RunError, match=r"--seed must be in \[0, 2\*\*32 - 1\], got"):
+                run.check_values(dataclasses.replace(args, seed=seed))
+    # each float flag has its range decided, and the table no name that no script has
+    assert flags - set(run.FLAG_RANGES) == {"target_return", "dist_timeout"} and set(run.FLAG_RANGES) <= flags
 
 
 def test_sizes_beyond_memory_are_one_line(monkeypatch, capsys, tmp_path):

@@ -3,9 +3,7 @@ checkpoint.py, env_state.py; run_dir.py: tests/test_run_dir.py): in-process and 
 exit-code tests, which need a process of their own. Whole-script runs elsewhere check each behaviour once."""
 
 import ast
-import dataclasses
 import importlib
-import math
 import os
 import random
 import re
@@ -13,7 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Optional
 
 import numpy as np
 import pytest
@@ -266,35 +263,6 @@ def test_run_flags_are_checked(flags, message):
         rt.check_run_flags(Args(**flags))
 
 
-def test_float_flags_out_of_range_are_refused():
-    """Every script's float flags (run.FLAG_RANGES; any return goes, --dist-timeout: test_run_flags_are_checked): the
-    defaults and each range's edges pass; past an edge, or NaN, is one RunError naming the flag; so is a --seed
-    numpy refuses."""
-    from cleanrl_ddp import run
-
-    past = {"in [0, 1]": (1.5, -0.1), "finite and at least 0": (math.inf, -1e-9), "positive": (0.0, -1.0)}
-    past |= {"at least 0 (inf: no limit)": (-1.0,), "a number": ()}
-    edges = {"in [0, 1]": (0.0, 1.0), "finite and at least 0": (0.0,), "at least 0 (inf: no limit)": (0.0, math.inf)}
-    flags = set()
-    for name in [p.stem for p in (REPO / "cleanrl_ddp").glob("*_multigpu.py")]:
-        args = importlib.import_module(f"cleanrl_ddp.{name}").Args()
-        run.check_values(args)
-        floats = [f.name for f in dataclasses.fields(args) if f.type in (float, Optional[float], "float")]
-        flags |= set(floats)
-        for flag in floats:
-            must = run.FLAG_RANGES.get(flag, "a number")
-            for value in edges.get(must, ()):
-                run.check_values(dataclasses.replace(args, **{flag: value}))
-            for value in (*past[must], math.nan):
-                with pytest.raises(rt.RunError, match=f"--{flag.replace('_', '-')} must be {re.escape(must)}, got"):
-                    run.check_values(dataclasses.replace(args, **{flag: value}))
-        for seed in (-1, 2**32):
-            with pytest.raises(rt.RunError, match=r"--seed must be in \[0, 2\*\*32 - 1\], got"):
-                run.check_values(dataclasses.replace(args, seed=seed))
-    # each float flag has its range decided, and the table no name that no script has
-    assert flags - set(run.FLAG_RANGES) == {"target_return", "dist_timeout"} and set(run.FLAG_RANGES) <= flags
-
-
 def test_device_and_backend_are_values(monkeypatch):
     assert launch.choose_device(False, None, 0, 2, False) == (torch.device("cpu"), "gloo")
     with pytest.raises(rt.RunError, match="--backend nccl needs CUDA"):
@@ -338,6 +306,22 @@ def test_load_checkpoint_names_what_is_wrong(tmp_path):
     torch.save({"script": "ppo_multigpu", "args": {}}, path)
     with pytest.raises(rt.RunError, match="lacks agent, global_step, iteration, rank_state, rng, sizes, world_size"):
         checkpoint.load_checkpoint(str(path), "ppo_multigpu", required=("agent",))
+
+
+def test_load_checkpoint_refuses_entries_of_another_type(tmp_path):
+    """checkpoint.load_checkpoint: every entry each checkpoint holds is of its type (the sizes: numbers), with one
+    rng and rank_state item per rank; a file that differs is refused in one line, before any of it is used."""
+    good = dict(script="s", args={}, sizes=dict(num_envs=4, replay_ratio=256.0), world_size=1, iteration=1)
+    good |= dict(global_step=4, rng=[None], rank_state=[None])
+    path = str(tmp_path / "checkpoint.pt")
+    checkpoint.atomic_save(good, path)
+    assert checkpoint.load_checkpoint(path, "s")["sizes"] == good["sizes"]
+    bad = [(dict(sizes=dict(num_envs="4")), "sizes (numbers)"), (dict(sizes=dict(num_envs=True)), "sizes (numbers)")]
+    bad += [(dict(iteration="1"), "iteration"), (dict(rng=[None, None]), "world_size, rng, rank_state (one item")]
+    for entries, what in bad:
+        checkpoint.atomic_save(good | entries, path)
+        with pytest.raises(rt.RunError, match=rf"has a malformed {re.escape(what)}"):
+            checkpoint.load_checkpoint(path, "s")
 
 
 def test_rng_states_round_trip():
