@@ -454,8 +454,8 @@ def exit_codes(script: str):
     RunError: rank 0 prints `{script}: error: ...` and every rank exits with its code; so does an error while the
     script loads a checkpoint's state (`_loading`: a tensor of another shape, say), with EXIT_BAD_INPUT, and another
     rank whose own part failed (its envs) says it too (`print_run_error`). A failed collective (a lost rank): every
-    surviving rank prints one line and exits with EXIT_LOST_RANK. Out of memory: every rank that ran out prints one
-    line and exits with EXIT_BAD_INPUT (the sizes asked for too much).
+    surviving rank prints one line and exits with EXIT_LOST_RANK. Out of memory: as a load error (the sizes asked for
+    too much).
     """
     exit_code = 1
     try:
@@ -475,17 +475,11 @@ def exit_codes(script: str):
         print_run_error(script, e)
     except Exception as e:
         reason = lost_rank_message(e)
-        if reason is None and errors.out_of_memory(e):  # each rank that ran out says so: maybe rank 0 did not
+        if reason is None and errors.out_of_memory(e):  # maybe on this rank only
             exit_code = errors.EXIT_BAD_INPUT
-            rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
-            who = f"rank {rank} " if int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", 1))) > 1 else ""
             text = errors.one_line(e).split("] ", 1)[-1].removeprefix("err == 0. ")  # no C++ source prefix
-            print(
-                f"{script}: error: {who}ran out of memory ({text}): lower the sizes the run allocates (envs, "
-                "steps, buffer, batch); nothing was overwritten",
-                file=sys.stderr,
-                flush=True,
-            )
+            message = f"ran out of memory ({text}): lower the sizes the run allocates (envs, steps, buffer, batch)"
+            print_run_error(script, f"{message}; nothing was overwritten", every_rank=True)
         elif reason is None and errors.disk_full(e):  # rank 0's logs (TensorBoard raises its writer's error here)
             exit_code = errors.EXIT_BAD_INPUT
             print_run_error(

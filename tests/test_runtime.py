@@ -621,9 +621,9 @@ def test_lost_rank_message_only_for_failed_collectives():
             "demo: error: ran out of memory (DefaultCPUAllocator: can't allocate memory: you tried to allocate 1806",
         ),
         (  # each rank that ran out says so: the others may have not
-            "os.environ.update(RANK='1', WORLD_SIZE='2'); raise MemoryError('Unable to allocate 1.00 TiB')",
+            "os.environ['RANK'] = '1'; rt.RANK_0_FIRST_S = 0; raise MemoryError('Unable to allocate 1.00 TiB')",
             2,
-            "demo: error: rank 1 ran out of memory (MemoryError: Unable to allocate 1.00 TiB)",
+            "demo: error: rank 1: ran out of memory (MemoryError: Unable to allocate 1.00 TiB)",
         ),
         ("rt._loading[:] = ['c.pt']; raise RuntimeError('CUDA out of memory.')", 2, "demo: error: ran out of memory"),
         (  # another rank: a RunError is rank 0's to say; a state only it loaded (its envs) did not fit: it says so
@@ -647,8 +647,6 @@ def test_exit_codes_one_line_each(tmp_path, monkeypatch, body, code, line):
     """`rt.exit_codes` in a forked child (it leaves with os._exit): its exit code and what it wrote to stderr."""
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("SLURM_PROCID", raising=False)
-    for var in ("WORLD_SIZE", "SLURM_NTASKS"):
-        monkeypatch.delenv(var, raising=False)
     stderr = tmp_path / "stderr"
     pid = os.fork()
     if pid == 0:  # the child: stderr to a file, then the script's __main__ block
