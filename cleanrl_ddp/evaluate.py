@@ -126,8 +126,9 @@ def main(argv=None) -> int:
     if "agent_kwargs" not in ckpt:
         raise EvalError(f"{options.path} has no agent_kwargs (written by an older {script}); it cannot be evaluated")
     saved = {k: v for k, v in ckpt["args"].items() if k in {f.name for f in fields(module.Args)}}
-    if misfit_flags(saved, module.Args):
-        raise EvalError(f"{options.path} holds flags of another type: {', '.join(misfit_flags(saved, module.Args))}")
+    wrong = misfit_flags(saved, module.Args)
+    if wrong:
+        raise EvalError(f"{options.path} holds flags of another type: {', '.join(wrong)}")
     try:
         check_saved_env_id(str(saved.get("env_id")), options.env_id, options.path)
     except RunError as e:
