@@ -2,6 +2,7 @@
 module (runtime, launch, checkpoint, lease, atari, the scripts) can raise it without an import cycle."""
 
 import errno
+import threading
 
 EXIT_BAD_INPUT = 2
 """exit code: invalid flags, environment, checkpoint or run directory, a full disk or sizes beyond memory (nothing
@@ -30,6 +31,14 @@ def out_of_memory(e: BaseException) -> bool:
 def disk_full(e: BaseException) -> bool:
     """Whether `e` is a write that found no room: a full disk, a file-size limit, a quota."""
     return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+
+
+def quiet_writer_disk_full(hook: threading.ExceptHookArgs) -> None:
+    """`threading.excepthook` while a run's logs are open: a full disk in TensorBoard's writer thread stays quiet, as
+    TensorBoard raises it again at the loop's next write, where `exit_codes` says it once. Any other thread's error,
+    a full disk included, is printed by Python's own hook."""
+    if not (disk_full(hook.exc_value) and type(hook.thread).__module__.startswith("tensorboard.")):
+        threading.__excepthook__(hook)
 
 
 def one_line(e: BaseException) -> str:

@@ -248,8 +248,8 @@ def open_logs(run: Run, sizes: dict, ckpt: Optional[dict]) -> None:
     # (a restart before the first checkpoint purges from step 1)
     run.writer = SummaryWriter(run.run_dir, purge_step=None if run.new_dir else global_step + 1)
     _open_runs.append(run)  # closed on every way out (`close_logs`, from `exit_codes`)
-    # a full disk in its writer thread reaches the next write, where `exit_codes` says it once: no thread traceback
-    threading.excepthook = lambda hook: errors.disk_full(hook.exc_value) or threading.__excepthook__(hook)
+    # a full disk in TensorBoard's writer thread is said once, by the next write, without the thread's traceback
+    threading.excepthook = errors.quiet_writer_disk_full
     table = "\n".join(f"|{k}|{v}|" for k, v in config.items())
     run.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
     print(f"{run.script}: {args.env_id}, run directory {run.run_dir}")

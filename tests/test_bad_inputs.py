@@ -3,6 +3,7 @@ process and stops with the RunError (or evaluate's EvalError) that `rt.exit_code
 code 2 (tests/test_runtime.py checks that path); nothing is written before it. One case also runs as a command."""
 
 import dataclasses
+import errno
 import importlib
 import math
 import os
@@ -17,7 +18,7 @@ import pytest
 import torch
 from helpers import REPO, as_one_rank, assert_one_line_error, launch, main_error, main_exit, script_path
 
-from cleanrl_ddp import evaluate
+from cleanrl_ddp import errors, evaluate
 from cleanrl_ddp import runtime as rt
 
 # a run of 32 steps: without its check, a bad flag would train (or crash) in seconds, not for the default budget
@@ -150,6 +151,22 @@ def test_a_full_disk_while_logging_is_one_line(tmp_path, monkeypatch):
     _, status = os.waitpid(pid, 0)
     line = "ppo_multigpu: error: no room to write (OSError: [Errno 27] File too large); the last checkpoint, if any, is"
     assert os.waitstatus_to_exitcode(status) == 2 and len(lines) == 1 and lines[0].startswith(line), lines
+
+
+def test_a_full_disk_in_another_thread_is_not_hidden(capsys):
+    """The hook that keeps TensorBoard's writer thread quiet on a full disk prints any other thread's error."""
+
+    def no_room():
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    threading.excepthook, hook = errors.quiet_writer_disk_full, threading.excepthook
+    try:
+        thread = threading.Thread(target=no_room)
+        thread.start()
+        thread.join()
+    finally:
+        threading.excepthook = hook
+    assert "OSError: [Errno 28] No space left on device" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
