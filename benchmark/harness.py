@@ -43,6 +43,7 @@ RETURN_TAG = "charts/episodic_return"
 EPISODES_TAG = "charts/episodes"  # how many episodes each logged return is the mean of
 DONE_FILE = "harness.json"
 COMMANDS_FILE = "commands.txt"  # beside a report's results.md: every run's command, one per line
+PIECES_CSV = "pieces.csv"  # beside a report's results.md: every piece of the runs made in pieces, one per row
 PIECES_FILE = "pieces.jsonl"  # one line per piece of a run made in pieces (benchmark/run_in_calls.py)
 RUNNING_FILE = "piece_running.json"  # the piece in progress: its start, command and machine
 PUBLISHED = Path(__file__).with_name("published_returns.csv")
@@ -184,7 +185,7 @@ def run_meta(run_dir: Path, events: dict) -> dict | None:
     if running.is_file() and walls:  # in progress: as far as its events go
         now = max(walls)
         pieces.append(json.loads(running.read_text()) | dict(end=utc(now), end_time=now, step_to=last_step))
-        pieces[-1] |= dict(versions={}, exit_code="-")
+        pieces[-1] = dict(versions={}) | pieces[-1] | dict(exit_code="-")  # versions: its own, where it recorded them
     if (run_dir / DONE_FILE).is_file():
         done = json.loads((run_dir / DONE_FILE).read_text())
         meta = {k: done[k] for k in ("name", "script", "env_id", "seed", "world_size")}
@@ -435,8 +436,14 @@ def markdown_table(rows, metas, published: dict) -> str:
     lines += [f"Commands, one per run ({len(commands)}): [{COMMANDS_FILE}]({COMMANDS_FILE}).", ""] if commands else []
     if by_hand:
         lines += [f"Launched by hand (no command, machine or versions recorded): {', '.join(by_hand)}.", ""]
-    for m in sorted((m for m in metas if m["pieces"]), key=lambda m: m["name"]):
-        lines += pieces_table(m)
+    in_pieces = [m for m in metas if m["pieces"]]
+    if in_pieces:
+        count = sum(len(m["pieces"]) for m in in_pieces)
+        lines += [
+            f"Runs made in pieces ({len(in_pieces)}): each piece's start, steps, commit, machine, versions "
+            f"and outcome, one per row ({count}): [{PIECES_CSV}]({PIECES_CSV}).",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -445,26 +452,29 @@ def run_commands(metas) -> list[str]:
     return sorted({c for m in metas for c in m["commands"]})
 
 
-def pieces_table(meta) -> list[str]:
-    """A run made in pieces: when and where each ran, its steps and how it ended. The machine and versions get a
-    column where they changed between pieces; else the report's Machine and Packages lines say them once."""
-    pieces = meta["pieces"]
-    columns = ["piece", "start (UTC)", "minutes", "global steps", "commit"]
-    machines = len({p["machine"] for p in pieces}) > 1
-    versions = len({versions_line(p["versions"]) for p in pieces if p["versions"]}) > 1
-    columns += ["machine"] * machines + ["versions"] * versions + ["outcome (exit code)"]
-    lines = [f"Pieces of `{meta['name']}` ({status([meta])}):", ""]
-    lines += ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
-    for p in pieces:
-        start = p["start"].replace("T", " ")[:16]  # to the minute: the minutes column gives its end
-        cells = [p["piece"], start, f"{(p['end_time'] - p['start_time']) / 60:.1f}"]
-        cells += [f"{p['step_from']:,} → {p['step_to']:,}", p.get("commit", "–")]
-        cells += [p["machine"]] * machines + [versions_line(p["versions"]) if p["versions"] else "–"] * versions
-        cells.append(
-            "running, to its last logged step" if p["outcome"] == "running" else f"{p['outcome']} ({p['exit_code']})"
-        )
-        lines.append("| " + " | ".join(map(str, cells)) + " |")
-    return [*lines, ""]
+def piece_rows(metas) -> list[dict]:
+    """Every piece of the runs made in pieces (written to PIECES_CSV beside the report): when and where each ran,
+    its steps and how it ended; a piece still under way runs to its run's last logged step."""
+    rows = []
+    for m in sorted((m for m in metas if m["pieces"]), key=lambda m: m["name"]):
+        for p in m["pieces"]:
+            running = p["outcome"] == "running"
+            rows.append(
+                {
+                    "run": m["name"],
+                    "piece": p["piece"],
+                    "start (UTC)": p["start"],
+                    "minutes": f"{(p['end_time'] - p['start_time']) / 60:.1f}",
+                    "step from": p["step_from"],
+                    "step to": p["step_to"],
+                    "commit": p.get("commit", ""),
+                    "machine": p["machine"],
+                    "versions": versions_line(p["versions"]) if p["versions"] else "",
+                    "outcome": "running, to its last logged step" if running else p["outcome"],
+                    "exit code": "" if running else p["exit_code"],
+                }
+            )
+    return rows
 
 
 def packages_line(metas) -> str:
@@ -499,6 +509,12 @@ def cmd_report(args) -> int:
     commands = run_commands(metas)
     if commands:
         (out / COMMANDS_FILE).write_text("\n".join(commands) + "\n")
+    pieces = piece_rows(metas)
+    if pieces:
+        with open(out / PIECES_CSV, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(pieces[0]))
+            writer.writeheader()
+            writer.writerows(pieces)
     print(f"wrote {out / 'scalars.csv.gz'} ({len(kept)} rows), {len(plots)} plot(s), {out / 'results.md'}")
     return 0
 

@@ -22,7 +22,7 @@ piece, on another machine, unpacks the parts it is given with --carried:
 Each piece appends one line to {run dir}/pieces.jsonl: start and end (UTC), global steps from and to, the
 machine (and GPU), package versions, the commit of the script's checkout, exit code, outcome and the exact command;
 its output is kept as {run dir}/piece{N}.log. `python -m benchmark.harness report` draws each piece on the run's
-curve, finished or not.
+curve, finished or not, and lists every piece in its pieces.csv.
 The run's command is the harness's (`benchmark/harness.py`: `--env-id`, `--seed`, `--runs-dir`, `--run-name`
 appended, torchrun above world size 1), so a run's name is the one a harness grid gives it.
 """
@@ -209,6 +209,7 @@ def main(argv=None) -> int:
     record |= dict(start=utc(start_wall), start_time=start_wall, step_from=step_from, total_timesteps=total)
     record |= dict(machine=machine(), command=shlex.join(cmd), portable_command=portable(shlex.join(cmd)))
     record |= dict(log=f"piece{piece}.log", commit=source_commit(os.path.dirname(os.path.abspath(args.script))))
+    record |= dict(versions=package_versions())  # the piece's, named in the report while it runs too
     print(f"run_in_calls: piece {piece} of {name}, from step {step_from}: {shlex.join(cmd)}", flush=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     with open(log_path, "w") as log:
@@ -260,7 +261,7 @@ def main(argv=None) -> int:
     else:
         outcome = "failed"
     record |= dict(end=utc(end_wall), end_time=end_wall, step_to=step_to)
-    record |= dict(total_timesteps=total_now or total or flags_total(run_dir), versions=package_versions())
+    record |= dict(total_timesteps=total_now or total or flags_total(run_dir))
     record |= dict(exit_code=code, outcome=outcome)
     if run_dir.is_dir():
         with open(records, "a") as f:

@@ -77,29 +77,26 @@ def test_final_return_is_the_mean_of_the_last_episodes():
     assert harness.final_return(np.arange(200.0), np.ones(200)) == np.arange(100.0, 200.0).mean()
 
 
-def test_pieces_table_gives_machine_and_versions_a_column_only_where_they_changed():
-    """Each piece's commit and outcome; the machine and versions once (the report's own lines) unless they changed."""
+def test_piece_rows_give_each_piece_of_each_run_in_pieces():
+    """pieces.csv's rows: each piece's start, steps, commit, machine, versions and outcome, runs in name order; a
+    piece under way to its last logged step; a run not made in pieces has none."""
     versions = dict(torch="2.13.0+cpu", cuda="none (CPU build)")
-    piece = dict(
-        start="2026-11-28T06:38:10Z",
-        end="e",
-        start_time=0.0,
-        end_time=60.0,
-        machine="vm",
-        versions=versions,
-        exit_code=75,
+    piece = dict(start="2026-11-28T06:38:10Z", end="e", start_time=0.0, end_time=60.0, machine="vm", versions=versions)
+    pieces = [piece | dict(piece=1, step_from=0, step_to=10, commit="aaa", outcome="stopped", exit_code=75)]
+    pieces.append(
+        piece | dict(piece=2, step_from=10, step_to=20, commit="bbb+changes", outcome="running", exit_code="-")
     )
-    pieces = [piece | dict(piece=1, step_from=0, step_to=10, commit="aaa", outcome="stopped")]
-    pieces.append(piece | dict(piece=2, step_from=10, step_to=20, commit="bbb+changes", outcome="finished"))
-    meta = dict(name="run", pieces=pieces, finished=True)
-    table = "\n".join(harness.pieces_table(meta))
-    assert "| 1 | 2026-11-28 06:38 | 1.0 | 0 → 10 | aaa | stopped (75) |" in table and "bbb+changes" in table
-    assert "machine" not in table and "torch" not in table
-    pieces[1] |= dict(machine="gpu node", versions=versions | dict(torch="2.13.0+cu130"))
-    table = "\n".join(harness.pieces_table(meta))
-    assert "| commit | machine | versions |" in table and "| gpu node | torch 2.13.0+cu130" in table
-    pieces.append(pieces[1] | dict(piece=3, outcome="running", exit_code=None))  # a piece still under way
-    assert "| running, to its last logged step |" in "\n".join(harness.pieces_table(meta))
+    metas = [dict(name="b", pieces=pieces), dict(name="a", pieces=pieces[:1]), dict(name="grid run", pieces=[])]
+    rows = harness.piece_rows(metas)
+    assert [(r["run"], r["piece"], r["step from"], r["step to"], r["commit"]) for r in rows] == [
+        ("a", 1, 0, 10, "aaa"),
+        ("b", 1, 0, 10, "aaa"),
+        ("b", 2, 10, 20, "bbb+changes"),
+    ]
+    assert rows[0] | dict(run="b") == rows[1] and (rows[0]["minutes"], rows[0]["machine"]) == ("1.0", "vm")
+    assert rows[0]["versions"].startswith("torch 2.13.0+cpu") and rows[0]["start (UTC)"] == "2026-11-28T06:38:10Z"
+    assert (rows[1]["outcome"], rows[1]["exit code"]) == ("stopped", 75)
+    assert (rows[2]["outcome"], rows[2]["exit code"]) == ("running, to its last logged step", "")
 
 
 def test_harness_writes_a_slurm_array_whose_tasks_finish_like_local_runs(tmp_path):

@@ -1,6 +1,7 @@
 """benchmark/run_in_calls.py: a run made of pieces, each stopped before its deadline and resumed from what the last
 one packed, logs one curve with no gap and no repeated step, and names its pieces."""
 
+import csv
 import json
 import os
 import shutil
@@ -10,6 +11,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 from helpers import REPO, read_scalar_events, wait_until
 
 from benchmark import harness
@@ -55,6 +57,7 @@ def test_a_run_in_two_pieces_carried_between_machines_logs_one_curve(tmp_path):
     live = harness.run_meta(tmp_path / "snapshot" / NAME, read_scalar_events(tmp_path / "snapshot" / NAME))
     assert (live["finished"], live["total"], [p["outcome"] for p in live["pieces"]]) == (False, 1536, ["running"])
     assert live["pieces"][0]["step_to"] == live["step"] > 0  # the piece in progress, as far as its events go
+    assert live["pieces"][0]["versions"]["torch"] == live["versions"][0]["torch"] == torch.__version__
 
     shutil.copytree(out1, carried)  # as copied to the next machine
     second = subprocess.run(
@@ -90,8 +93,19 @@ def test_a_run_in_two_pieces_carried_between_machines_logs_one_curve(tmp_path):
     assert harness.main(["report", "--runs-dir", str(tmp_path / "m2"), "--out", str(tmp_path / "report2")]) == 0
     table = (tmp_path / "report2" / "results.md").read_text()
     assert "| ppo_atari_multigpu | BreakoutNoFrameskip-v4 | ws1 | 1 | 1 | 1536 |" in table and "| finished |" in table
-    assert f"| 1 | {pieces[0]['start'].replace('T', ' ')[:16]} | " in table and f"| 0 → {stop:,} |" in table
-    assert f"| {stop:,} → 1,536 |" in table and "| finished (0) |" in table and "| stopped (75) |" in table
+    assert (
+        "Runs made in pieces (1): each piece's start, steps, commit, machine, versions and outcome, one per row (2)"
+        in table
+    )
+    with open(tmp_path / "report2" / harness.PIECES_CSV) as f:
+        rows = [
+            (r["piece"], r["start (UTC)"], r["step from"], r["step to"], r["outcome"], r["exit code"])
+            for r in csv.DictReader(f)
+        ]
+    assert rows == [
+        ("1", pieces[0]["start"], "0", str(stop), "stopped", "75"),
+        ("2", pieces[1]["start"], str(stop), "1536", "finished", "0"),
+    ]
     assert (tmp_path / "report2" / "ppo_atari_multigpu__BreakoutNoFrameskip-v4.png").stat().st_size > 5000
 
 
