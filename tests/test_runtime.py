@@ -133,6 +133,11 @@ def test_read_launch_env_torchrun_slurm_and_plain(launch_env):
     for var, value in dict(RANK="3", WORLD_SIZE="4", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2").items():
         launch_env.setenv(var, value)
     assert launch.read_launch_env() == (3, 1, 4, 2)  # torchrun's variables win
+    launch_env.delenv("MASTER_PORT")  # an env:// launch made by hand: one line, not init_process_group's traceback
+    with pytest.raises(rt.RunError, match="with WORLD_SIZE=4, export MASTER_PORT"):
+        launch.read_launch_env()
+    launch_env.setenv("WORLD_SIZE", "1")
+    assert launch.read_launch_env() == (3, 1, 1, 2)  # one process joins no group: no address needed
 
 
 @pytest.mark.parametrize(
