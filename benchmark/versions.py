@@ -8,7 +8,9 @@ for the CUDA-graph paths. The locked set that the suite passed with is requireme
 "The locked packages").
 """
 
+import pathlib
 import platform
+import re
 import subprocess
 from importlib import metadata
 
@@ -24,12 +26,21 @@ def package_versions() -> dict[str, str]:
             found[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             found[name] = "-"
-    found["cuda"] = "-"
-    if found["torch"] != "-":
-        import torch
-
-        found["cuda"] = torch.version.cuda or "none (CPU build)"
+    found["cuda"] = torch_cuda_build() if found["torch"] != "-" else "-"
     return found
+
+
+def torch_cuda_build() -> str:
+    """The CUDA toolkit torch was built with, read as text from its `torch/version.py` (`cuda: ... = '12.8'` or
+    `None`), so that a long-lived process that records versions (run_in_calls) need not import torch: ~200 MB."""
+    try:
+        text = pathlib.Path(metadata.distribution("torch").locate_file("torch/version.py")).read_text()
+    except OSError:
+        return "?"
+    found = re.search(r"^cuda\b[^=\n]*=\s*(None|'([^']*)')", text, re.MULTILINE)
+    if not found:
+        return "?"
+    return found.group(2) or "none (CPU build)"
 
 
 def source_commit(path: str) -> str:

@@ -14,7 +14,7 @@ import pytest
 import torch
 from helpers import REPO, script_path
 
-from benchmark import harness
+from benchmark import harness, versions
 
 TINY = ["--", "--local-num-envs", "2", "--num-steps", "32", "--num-minibatches", "2", "--total-timesteps", "512"]
 
@@ -166,3 +166,24 @@ def test_bad_flags_are_one_line(tmp_path, capsys, flags, message):
         harness.main([f.format(**names) for f in flags])
     assert leave.value.code == 2 and f"error: {message.format(**names)}" in capsys.readouterr().err
     assert os.listdir(tmp_path) == []
+
+
+def test_versions_read_torchs_cuda_build_without_importing_torch(tmp_path, monkeypatch):
+    """run_in_calls records versions while it waits on a run for hours: torch's CUDA build is read as text."""
+    code = "import json, sys; from benchmark import versions; print(json.dumps([versions.package_versions()['cuda'], "
+    code += "'torch' in sys.modules]))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == [torch.version.cuda or "none (CPU build)", False]
+
+    class Dist:  # a CUDA build's torch/version.py, as torch 2.x writes it
+        def locate_file(self, name):
+            return tmp_path / name
+
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch/version.py").write_text(
+        "__version__ = '2.4.0+cu121'\ndebug = False\ncuda: Optional[str] = '12.1'\n"
+    )
+    monkeypatch.setattr(versions.metadata, "distribution", lambda name: Dist())
+    assert versions.torch_cuda_build() == "12.1"
+    (tmp_path / "torch/version.py").write_text("cudnn = 1\n")
+    assert versions.torch_cuda_build() == "?"
