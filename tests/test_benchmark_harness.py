@@ -169,7 +169,7 @@ def test_bad_flags_are_one_line(tmp_path, capsys, flags, message):
 
 
 def test_versions_read_torchs_cuda_build_without_importing_torch(tmp_path, monkeypatch):
-    """run_in_calls records versions while it waits on a run for hours: torch's CUDA build is read as text."""
+    """Recording versions imports no torch (~200 MB in a process that waits on runs): its CUDA build is read as text."""
     code = "import json, sys; from benchmark import versions; print(json.dumps([versions.package_versions()['cuda'], "
     code += "'torch' in sys.modules]))"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
