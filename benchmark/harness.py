@@ -63,12 +63,16 @@ def run_name(script: str, env_id: str, world_size: int, seed: int, label: str | 
 
 def run_command(script, env_id, seed, world_size, runs_dir, extra, label=None) -> list[str]:
     """The run's command line, with this Python (`portable` rewrites it as a reader types it)."""
-    launcher = [sys.executable]
-    if world_size > 1:
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}"]
     name = run_name(script, env_id, world_size, seed, label)
     tail = ["--env-id", env_id, "--seed", str(seed), "--runs-dir", runs_dir, "--run-name", name]
-    return [*launcher, script, *extra, *tail]
+    return [*launcher(world_size), script, *extra, *tail]
+
+
+def launcher(world_size: int) -> list[str]:
+    """This Python, or torchrun on one node above world size 1."""
+    if world_size == 1:
+        return [sys.executable]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}"]
 
 
 def rank_threads(world_size: int, cores=None) -> int:

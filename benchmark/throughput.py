@@ -36,6 +36,11 @@ next to that run's SPS and ceiling:
     python -m benchmark.throughput --world-sizes 1 --local-num-envs 8 --profile \
         --compare cleanrl_ddp/ppo_atari_async_multigpu.py
 
+CleanRL's own script beside ours, at 2 ranks x 4 envs (one outside cleanrl_ddp/ takes only CleanRL's flags):
+
+    python -m benchmark.throughput --world-sizes 2 --local-num-envs 4 \
+        --compare benchmark/peers/cleanrl_ppo_atari_multigpu.py
+
 With `-- --cudagraphs` (or `-- --no-cudagraphs`) the runs take the flag and the profile follows it; without either,
 both take the script's default.
 """
@@ -58,10 +63,11 @@ from pathlib import Path
 import numpy as np
 
 from benchmark.events import read_scalar_events
-from benchmark.harness import portable, rank_threads, run_command
+from benchmark.harness import launcher, portable, rank_threads, run_command
 from benchmark.versions import package_versions, versions_line
 
 SPS_TAG = "charts/SPS"
+REPO = Path(__file__).resolve().parents[1]
 CEILING = "env-only ceiling (random actions)"
 
 
@@ -84,26 +90,36 @@ def rank_cores(world_size: int, cores_per_rank: int) -> list[int] | None:
 
 def run_once(script, env_id, world_size, seed, variant_flags, sizes, iterations, timeout, cores=None) -> dict:
     """One run of the script's own command line; returns the command, every scalar rank 0 logged, and the flags the
-    run took (its flags.json: the script's defaults included, so that a row can say which path ran)."""
+    run took (its flags.json: the script's defaults included, so that a row can say which path ran).
+
+    A script outside cleanrl_ddp/ (CleanRL's own, benchmark/peers/) gets CleanRL's flags only: --env-id, --seed and
+    the sizes, and runs in a folder of its own, where it writes runs/<name>."""
     steps_per_iteration = world_size * sizes["local_num_envs"] * max(1, sizes["num_steps"])
-    extra = [*variant_flags, "--local-num-envs", str(sizes["local_num_envs"])]
+    size_flags = ["--local-num-envs", str(sizes["local_num_envs"])]
     if sizes["num_steps"]:  # rollout length (PPO); 0 = the script has none (DQN: one step per iteration)
-        extra += ["--num-steps", str(sizes["num_steps"])]
-    extra += [*sizes["extra"], "--total-timesteps", str(iterations * steps_per_iteration), "--checkpoint-every", "0"]
+        size_flags += ["--num-steps", str(sizes["num_steps"])]
+    size_flags += ["--total-timesteps", str(iterations * steps_per_iteration)]
+    ours = Path(script).resolve().parent == REPO / "cleanrl_ddp"
     with tempfile.TemporaryDirectory(prefix="throughput_") as runs_dir:
-        cmd = run_command(script, env_id, seed, world_size, runs_dir, extra)
+        if ours:
+            extra = [*variant_flags, *size_flags, *sizes["extra"], "--checkpoint-every", "0"]
+            cmd, cwd, runs = run_command(script, env_id, seed, world_size, runs_dir, extra), None, Path(runs_dir)
+        else:
+            peer = [*launcher(world_size), os.path.abspath(script), *variant_flags, *size_flags]
+            cmd, cwd, runs = [*peer, "--env-id", env_id, "--seed", str(seed)], runs_dir, Path(runs_dir) / "runs"
         env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
         pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None  # torchrun's workers inherit it
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, preexec_fn=pin)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, preexec_fn=pin, cwd=cwd)
         if proc.returncode != 0:
             raise RuntimeError(
                 f"{shlex.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
             )
-        (run_dir,) = [p for p in Path(runs_dir).iterdir() if p.is_dir()]
+        (run_dir,) = [p for p in runs.iterdir() if p.is_dir()]
         events = read_scalar_events(run_dir)
         flags = run_dir / "flags.json"  # our scripts write it; another project's may not
         args = json.loads(flags.read_text())["args"] if flags.is_file() else {}
-    command = portable(shlex.join(cmd))  # as a reader types it: python / torchrun
+    # as a reader types it: python / torchrun, the script as given
+    command = portable(shlex.join(cmd)).replace(shlex.quote(os.path.abspath(script)), shlex.quote(script))
     if cores:
         command = f"taskset -c {','.join(map(str, cores))} {command}"
     return dict(command=command, events=events, args=args)
@@ -328,7 +344,8 @@ def main(argv=None) -> int:
         "--compare",
         nargs="+",
         default=[],
-        help="other scripts (e.g. an outside baseline accepting the same size flags) run the same way, as extra rows",
+        help="other scripts run the same way, as extra rows; one outside cleanrl_ddp/ (CleanRL's own, "
+        "benchmark/peers/cleanrl_ppo_atari_multigpu.py) gets only --env-id, --seed and the size flags",
     )
     parser.add_argument("--local-num-envs", type=int, default=4)
     parser.add_argument("--num-steps", type=int, default=128, help="rollout length; 0 for scripts without one (DQN)")

@@ -92,6 +92,36 @@ def test_a_tiny_real_run_writes_the_table_and_the_plot(tmp_path):
     assert (out / "sps_vs_world_size.png").stat().st_size > 1000
 
 
+PEER = """
+import argparse, time
+from torch.utils.tensorboard import SummaryWriter
+p = argparse.ArgumentParser()  # CleanRL's flags, no more: ours (--runs-dir, --checkpoint-every, ...) would fail it
+for flag in ("--env-id", "--seed", "--local-num-envs", "--num-steps", "--total-timesteps"):
+    p.add_argument(flag)
+args = p.parse_args()
+writer = SummaryWriter(f"runs/{args.env_id}__peer__{args.seed}")  # where it starts, as CleanRL's scripts write
+for i in range(1, 6):
+    time.sleep(0.02)
+    writer.add_scalar("charts/SPS", 100.0, i * int(args.local_num_envs) * int(args.num_steps))
+writer.close()
+"""
+
+
+def test_another_projects_script_gets_cleanrls_flags_and_its_own_folder(tmp_path, capsys):
+    """A --compare script outside cleanrl_ddp/ (CleanRL's own) takes only CleanRL's flags and writes runs/ where it
+    starts; its row is read from there, its command shown as given."""
+    peer = tmp_path / "peer_ppo.py"
+    peer.write_text(PEER)
+    argv = ["--script", "cleanrl_ddp/ppo_multigpu.py", "--env-id", "CartPole-v1", "--world-sizes", "1"]
+    argv += ["--local-num-envs", "2", "--num-steps", "16", "--iterations", "4", "--warmup", "1", "--repeats", "1"]
+    peer = os.path.relpath(peer)  # as a reader names it; it runs elsewhere
+    assert main([*argv, "--ceiling-steps", "0", "--compare", peer]) == 0
+    out = capsys.readouterr().out
+    assert "ws=1 peer_ppo.py seed=1: " in out and "| 1 | 2 | peer_ppo.py |" in out, out
+    command = f"# ws=1 peer_ppo.py: python {peer} --local-num-envs 2 --num-steps 16 --total-timesteps 128 --env-id"
+    assert command in out, out
+
+
 def test_each_row_is_a_share_of_its_own_world_sizes_ceiling():
     rows = [dict(world_size=1, name="default", sps=100.0), dict(world_size=1, name=CEILING, sps=400.0)]
     rows += [dict(world_size=2, name="default", sps=150.0), dict(world_size=2, name=CEILING, sps=1000.0)]
