@@ -167,7 +167,7 @@ def test_only_scripts_with_the_rollout_pieces_are_profiled():
         "cleanrl_ddp/ppo_atari_async_multigpu.py"
     )
     assert not is_profilable("cleanrl_ddp/ppo_multigpu.py")
-    assert not is_profilable("benchmark/peers/cleanrl_style_ppo_atari.py")  # read, not imported: it trains at import
+    assert not is_profilable("benchmark/peers/cleanrl_ppo_atari_multigpu.py")  # read, not imported
 
 
 def test_profile_mode_puts_the_split_next_to_the_runs_sps_and_ceiling(capsys):
