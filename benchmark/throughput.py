@@ -93,7 +93,8 @@ def run_once(script, env_id, world_size, seed, variant_flags, sizes, iterations,
     run took (its flags.json: the script's defaults included, so that a row can say which path ran).
 
     A script outside cleanrl_ddp/ (CleanRL's own, benchmark/peers/) gets CleanRL's flags only: --env-id, --seed and
-    the sizes, and runs in a folder of its own, where it writes runs/<name>."""
+    the sizes, and runs in a folder of its own, where it writes runs/<name>. One with no --local-num-envs is a
+    single-process script (CleanRL's ppo.py): at world size 1 its --num-envs is our --local-num-envs."""
     steps_per_iteration = world_size * sizes["local_num_envs"] * max(1, sizes["num_steps"])
     size_flags = ["--local-num-envs", str(sizes["local_num_envs"])]
     if sizes["num_steps"]:  # rollout length (PPO); 0 = the script has none (DQN: one step per iteration)
@@ -105,6 +106,7 @@ def run_once(script, env_id, world_size, seed, variant_flags, sizes, iterations,
             extra = [*variant_flags, *size_flags, *sizes["extra"], "--checkpoint-every", "0"]
             cmd, cwd, runs = run_command(script, env_id, seed, world_size, runs_dir, extra), None, Path(runs_dir)
         else:
+            size_flags[0] = "--num-envs" if single_process(script) else size_flags[0]
             peer = [*launcher(world_size), os.path.abspath(script), *variant_flags, *size_flags]
             cmd, cwd, runs = [*peer, "--env-id", env_id, "--seed", str(seed)], runs_dir, Path(runs_dir) / "runs"
         env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
@@ -123,6 +125,11 @@ def run_once(script, env_id, world_size, seed, variant_flags, sizes, iterations,
     if cores:
         command = f"taskset -c {','.join(map(str, cores))} {command}"
     return dict(command=command, events=events, args=args)
+
+
+def single_process(script: str) -> bool:
+    """Another project's script without --local-num-envs (CleanRL's ppo.py): one process, --num-envs envs."""
+    return Path(script).resolve().parent != REPO / "cleanrl_ddp" and "local_num_envs" not in Path(script).read_text()
 
 
 def time_shares(events: dict, warmup: int) -> tuple[float, float]:
@@ -382,6 +389,11 @@ def main(argv=None) -> int:
         parser.error(f"--script {args.script}: no such file")
     if min(args.world_sizes) < 1 or args.repeats < 1 or args.warmup < 0:
         parser.error("--world-sizes and --repeats must be at least 1, --warmup at least 0")
+    for script in args.compare:
+        if not Path(script).is_file():
+            parser.error(f"--compare {script}: no such file")
+        if max(args.world_sizes) > 1 and single_process(script):
+            parser.error(f"--compare {script} takes no --local-num-envs (one process): use --world-sizes 1")
     if args.iterations <= args.warmup:
         parser.error(f"--iterations {args.iterations} leaves no steady rate after --warmup {args.warmup}: give more")
     if args.env_sweep:

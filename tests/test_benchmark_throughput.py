@@ -96,30 +96,33 @@ PEER = """
 import argparse, time
 from torch.utils.tensorboard import SummaryWriter
 p = argparse.ArgumentParser()  # CleanRL's flags, no more: ours (--runs-dir, --checkpoint-every, ...) would fail it
-for flag in ("--env-id", "--seed", "--local-num-envs", "--num-steps", "--total-timesteps"):
+for flag in ("--env-id", "--seed", "--NUM-ENVS", "--num-steps", "--total-timesteps"):
     p.add_argument(flag)
 args = p.parse_args()
 writer = SummaryWriter(f"runs/{args.env_id}__peer__{args.seed}")  # where it starts, as CleanRL's scripts write
 for i in range(1, 6):
     time.sleep(0.02)
-    writer.add_scalar("charts/SPS", 100.0, i * int(args.local_num_envs) * int(args.num_steps))
+    writer.add_scalar("charts/SPS", 100.0, i * int(args.NUM_ENVS) * int(args.num_steps))
 writer.close()
 """
 
 
 def test_another_projects_script_gets_cleanrls_flags_and_its_own_folder(tmp_path, capsys):
     """A --compare script outside cleanrl_ddp/ (CleanRL's own) takes only CleanRL's flags and writes runs/ where it
-    starts; its row is read from there, its command shown as given."""
-    peer = tmp_path / "peer_ppo.py"
-    peer.write_text(PEER)
+    starts; its row is read from there, its command shown as given. One with no --local-num-envs (CleanRL's ppo.py)
+    gets --num-envs."""
+    peers = []
+    for name, envs in (("peer_multigpu.py", "local_num_envs"), ("peer_ppo.py", "num_envs")):
+        (tmp_path / name).write_text(PEER.replace("NUM-ENVS", envs.replace("_", "-")).replace("NUM_ENVS", envs))
+        peers.append(os.path.relpath(tmp_path / name))  # as a reader names it; it runs elsewhere
     argv = ["--script", "cleanrl_ddp/ppo_multigpu.py", "--env-id", "CartPole-v1", "--world-sizes", "1"]
     argv += ["--local-num-envs", "2", "--num-steps", "16", "--iterations", "4", "--warmup", "1", "--repeats", "1"]
-    peer = os.path.relpath(peer)  # as a reader names it; it runs elsewhere
-    assert main([*argv, "--ceiling-steps", "0", "--compare", peer]) == 0
+    assert main([*argv, "--ceiling-steps", "0", "--compare", *peers]) == 0
     out = capsys.readouterr().out
     assert "ws=1 peer_ppo.py seed=1: " in out and "| 1 | 2 | peer_ppo.py |" in out, out
-    command = f"# ws=1 peer_ppo.py: python {peer} --local-num-envs 2 --num-steps 16 --total-timesteps 128 --env-id"
-    assert command in out, out
+    sizes = "--num-steps 16 --total-timesteps 128 --env-id CartPole-v1 --seed 1"
+    assert f"# ws=1 peer_multigpu.py: python {peers[0]} --local-num-envs 2 {sizes}" in out, out
+    assert f"# ws=1 peer_ppo.py: python {peers[1]} --num-envs 2 {sizes}" in out, out
 
 
 def test_each_row_is_a_share_of_its_own_world_sizes_ceiling():
@@ -229,8 +232,13 @@ def test_env_sweep_settings_and_the_best_line():
         (["--script", "nope.py"], "--script nope.py: no such file"),
         (["--world-sizes", "0"], "--world-sizes and --repeats must be at least 1"),
         (["--iterations", "4", "--warmup", "4"], "--iterations 4 leaves no steady rate after --warmup 4"),
+        (["--compare", "nope.py"], "--compare nope.py: no such file"),
+        (
+            ["--compare", "benchmark/peers/cleanrl_ppo.py"],
+            "--compare benchmark/peers/cleanrl_ppo.py takes no --local-num-envs (one process): use --world-sizes 1",
+        ),
     ],
-    ids=["no-script", "world-size-0", "all-warmup"],
+    ids=["no-script", "world-size-0", "all-warmup", "no-compare", "one-process-peer-at-2-ranks"],
 )
 def test_bad_flags_are_one_line(monkeypatch, capsys, flags, message):
     monkeypatch.chdir(REPO)  # the default --script, relative to the repository
