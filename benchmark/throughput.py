@@ -100,13 +100,13 @@ def run_once(script, env_id, world_size, seed, variant_flags, sizes, iterations,
     if sizes["num_steps"]:  # rollout length (PPO); 0 = the script has none (DQN: one step per iteration)
         size_flags += ["--num-steps", str(sizes["num_steps"])]
     size_flags += ["--total-timesteps", str(iterations * steps_per_iteration)]
-    ours = Path(script).resolve().parent == REPO / "cleanrl_ddp"
     with tempfile.TemporaryDirectory(prefix="throughput_") as runs_dir:
-        if ours:
+        if is_ours(script):
             extra = [*variant_flags, *size_flags, *sizes["extra"], "--checkpoint-every", "0"]
             cmd, cwd, runs = run_command(script, env_id, seed, world_size, runs_dir, extra), None, Path(runs_dir)
         else:
-            size_flags[0] = "--num-envs" if single_process(script) else size_flags[0]
+            if single_process(script):
+                size_flags[0] = "--num-envs"
             peer = [*launcher(world_size), os.path.abspath(script), *variant_flags, *size_flags]
             cmd, cwd, runs = [*peer, "--env-id", env_id, "--seed", str(seed)], runs_dir, Path(runs_dir) / "runs"
         env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
@@ -127,9 +127,14 @@ def run_once(script, env_id, world_size, seed, variant_flags, sizes, iterations,
     return dict(command=command, events=events, args=args)
 
 
+def is_ours(script: str) -> bool:
+    """A script of cleanrl_ddp/ (our flags), not another project's (benchmark/peers/: CleanRL's flags only)."""
+    return Path(script).resolve().parent == REPO / "cleanrl_ddp"
+
+
 def single_process(script: str) -> bool:
     """Another project's script without --local-num-envs (CleanRL's ppo.py): one process, --num-envs envs."""
-    return Path(script).resolve().parent != REPO / "cleanrl_ddp" and "local_num_envs" not in Path(script).read_text()
+    return not is_ours(script) and "local_num_envs" not in Path(script).read_text()
 
 
 def time_shares(events: dict, warmup: int) -> tuple[float, float]:

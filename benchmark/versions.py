@@ -32,7 +32,7 @@ def package_versions() -> dict[str, str]:
 
 def torch_cuda_build() -> str:
     """The CUDA toolkit torch was built with, read as text from its `torch/version.py` (`cuda: ... = '12.8'` or
-    `None`), so that a long-lived process that records versions (run_in_calls) need not import torch: ~200 MB."""
+    `None`), so that recording versions imports no torch (~200 MB in a process that waits on runs for hours)."""
     try:
         text = pathlib.Path(metadata.distribution("torch").locate_file("torch/version.py")).read_text()
     except OSError:
