@@ -36,7 +36,8 @@ next to that run's SPS and ceiling:
     python -m benchmark.throughput --world-sizes 1 --local-num-envs 8 --profile \
         --compare cleanrl_ddp/ppo_atari_async_multigpu.py
 
-CleanRL's own script beside ours, at 2 ranks x 4 envs (one outside cleanrl_ddp/ takes only CleanRL's flags):
+CleanRL's own script beside ours, at 2 ranks x 4 envs (one outside cleanrl_ddp/ takes only CleanRL's flags, not
+those after `--`):
 
     python -m benchmark.throughput --world-sizes 2 --local-num-envs 4 \
         --compare benchmark/peers/cleanrl_ppo_atari_multigpu.py
@@ -128,8 +129,9 @@ def run_once(script, env_id, world_size, seed, variant_flags, sizes, iterations,
 
 
 def is_ours(script: str) -> bool:
-    """A script of cleanrl_ddp/ (our flags), not another project's (benchmark/peers/: CleanRL's flags only)."""
-    return Path(script).resolve().parent == REPO / "cleanrl_ddp"
+    """A script of a cleanrl_ddp/ folder, this checkout's or another's (our flags), not another project's
+    (benchmark/peers/: CleanRL's flags only)."""
+    return Path(script).resolve().parent.name == "cleanrl_ddp"
 
 
 def single_process(script: str) -> bool:
@@ -392,6 +394,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if not Path(args.script).is_file():
         parser.error(f"--script {args.script}: no such file")
+    if not is_ours(args.script):
+        parser.error(f"--script {args.script}: not a script of cleanrl_ddp/ (another project's: --compare)")
     if min(args.world_sizes) < 1 or args.repeats < 1 or args.warmup < 0:
         parser.error("--world-sizes and --repeats must be at least 1, --warmup at least 0")
     for script in args.compare:
@@ -428,7 +432,10 @@ def main(argv=None) -> int:
         for script, name, flags in runs:
             sps, shares = [], []
             for rep in range(args.repeats):
-                out = run_once(script, args.env_id, ws, rep + 1, flags, sizes, args.iterations, args.timeout, cores)
+                try:
+                    out = run_once(script, args.env_id, ws, rep + 1, flags, sizes, args.iterations, args.timeout, cores)
+                except RuntimeError as e:  # the run's command, exit code and last output, without our traceback
+                    raise SystemExit(f"throughput: error: {e}") from None
                 sps.append(steady_sps(out["events"][SPS_TAG], args.warmup))
                 shares.append(time_shares(out["events"], args.warmup))
                 commands[(ws, name)] = out["command"]

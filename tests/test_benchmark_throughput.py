@@ -119,7 +119,8 @@ def test_another_projects_script_gets_cleanrls_flags_and_its_own_folder(tmp_path
     argv += ["--local-num-envs", "2", "--num-steps", "16", "--iterations", "4", "--warmup", "1", "--repeats", "1"]
     assert main([*argv, "--ceiling-steps", "0", "--compare", *peers]) == 0
     out = capsys.readouterr().out
-    assert "ws=1 peer_ppo.py seed=1: " in out and "| 1 | 2 | peer_ppo.py |" in out, out
+    cores = len(os.sched_getaffinity(0))
+    assert "ws=1 peer_ppo.py seed=1: " in out and f"| 1 | {cores} | peer_ppo.py |" in out, out
     sizes = "--num-steps 16 --total-timesteps 128 --env-id CartPole-v1 --seed 1"
     assert f"# ws=1 peer_multigpu.py: python {peers[0]} --local-num-envs 2 {sizes}" in out, out
     assert f"# ws=1 peer_ppo.py: python {peers[1]} --num-envs 2 {sizes}" in out, out
@@ -234,14 +235,29 @@ def test_env_sweep_settings_and_the_best_line():
         (["--iterations", "4", "--warmup", "4"], "--iterations 4 leaves no steady rate after --warmup 4"),
         (["--compare", "nope.py"], "--compare nope.py: no such file"),
         (
+            ["--script", "benchmark/peers/cleanrl_ppo.py"],
+            "--script benchmark/peers/cleanrl_ppo.py: not a script of cleanrl_ddp/ (another project's: --compare)",
+        ),
+        (
             ["--compare", "benchmark/peers/cleanrl_ppo.py"],
             "--compare benchmark/peers/cleanrl_ppo.py takes no --local-num-envs (one process): use --world-sizes 1",
         ),
     ],
-    ids=["no-script", "world-size-0", "all-warmup", "no-compare", "one-process-peer-at-2-ranks"],
+    ids=["no-script", "world-size-0", "all-warmup", "no-compare", "peer-as-script", "one-process-peer-at-2-ranks"],
 )
 def test_bad_flags_are_one_line(monkeypatch, capsys, flags, message):
     monkeypatch.chdir(REPO)  # the default --script, relative to the repository
     with pytest.raises(SystemExit) as leave:
         main(flags)
     assert leave.value.code == 2 and f"error: {message}" in capsys.readouterr().err
+
+
+def test_a_failed_run_ends_in_one_error_and_its_output_not_a_traceback(monkeypatch, capsys):
+    monkeypatch.chdir(REPO)
+    argv = ["--script", "cleanrl_ddp/ppo_multigpu.py", "--env-id", "CartPole-v1", "--world-sizes", "1"]
+    argv += ["--iterations", "2", "--warmup", "1", "--repeats", "1", "--", "--num-minibatches", "0"]
+    with pytest.raises(SystemExit) as leave:
+        main(argv)
+    message = str(leave.value.code)
+    assert message.startswith("throughput: error: ") and " exited 2:" in message, message
+    assert "--num-minibatches must be at least 1, got 0" in message  # the run's own line, its cause
