@@ -21,6 +21,7 @@ from benchmark.throughput import (
     main,
     parse_variant,
     rank_cores,
+    run_once,
     steady_sps,
     time_shares,
     weak_scaling,
@@ -107,23 +108,18 @@ writer.close()
 """
 
 
-def test_another_projects_script_gets_cleanrls_flags_and_its_own_folder(tmp_path, capsys):
+def test_another_projects_script_gets_cleanrls_flags_and_its_own_folder(tmp_path):
     """A --compare script outside cleanrl_ddp/ (CleanRL's own) takes only CleanRL's flags and writes runs/ where it
-    starts; its row is read from there, its command shown as given. One with no --local-num-envs (CleanRL's ppo.py)
-    gets --num-envs."""
-    peers = []
+    starts; its events are read from there, its command shown as given. One with no --local-num-envs (CleanRL's
+    ppo.py) gets --num-envs."""
+    sizes = dict(local_num_envs=2, num_steps=16, extra=["--our-flag"])  # flags after `--` are ours only
+    tail = "--num-steps 16 --total-timesteps 128 --env-id CartPole-v1 --seed 3"
     for name, envs in (("peer_multigpu.py", "local_num_envs"), ("peer_ppo.py", "num_envs")):
         (tmp_path / name).write_text(PEER.replace("NUM-ENVS", envs.replace("_", "-")).replace("NUM_ENVS", envs))
-        peers.append(os.path.relpath(tmp_path / name))  # as a reader names it; it runs elsewhere
-    argv = ["--script", "cleanrl_ddp/ppo_multigpu.py", "--env-id", "CartPole-v1", "--world-sizes", "1"]
-    argv += ["--local-num-envs", "2", "--num-steps", "16", "--iterations", "4", "--warmup", "1", "--repeats", "1"]
-    assert main([*argv, "--ceiling-steps", "0", "--compare", *peers]) == 0
-    out = capsys.readouterr().out
-    cores = len(os.sched_getaffinity(0))
-    assert "ws=1 peer_ppo.py seed=1: " in out and f"| 1 | {cores} | peer_ppo.py |" in out, out
-    sizes = "--num-steps 16 --total-timesteps 128 --env-id CartPole-v1 --seed 1"
-    assert f"# ws=1 peer_multigpu.py: python {peers[0]} --local-num-envs 2 {sizes}" in out, out
-    assert f"# ws=1 peer_ppo.py: python {peers[1]} --num-envs 2 {sizes}" in out, out
+        peer = os.path.relpath(tmp_path / name)  # as a reader names it; it runs elsewhere
+        out = run_once(peer, "CartPole-v1", 1, 3, [], sizes, 4, 60)
+        assert out["command"] == f"python {peer} --{envs.replace('_', '-')} 2 {tail}"
+        assert [step for _, step, _ in out["events"]["charts/SPS"]] == [32, 64, 96, 128, 160]
 
 
 def test_each_row_is_a_share_of_its_own_world_sizes_ceiling():
