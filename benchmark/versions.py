@@ -37,10 +37,10 @@ def torch_cuda_build() -> str:
         text = pathlib.Path(metadata.distribution("torch").locate_file("torch/version.py")).read_text()
     except OSError:
         return "?"
-    found = re.search(r"^cuda\b[^=\n]*=\s*(None|'([^']*)')", text, re.MULTILINE)
-    if not found:
+    builds = dict(re.findall(r"^(cuda|hip)\b[^=\n]*=\s*(?:None|'([^']*)')", text, re.MULTILINE))
+    if "cuda" not in builds:
         return "?"
-    return found.group(2) or "none (CPU build)"
+    return builds["cuda"] or (f"none (ROCm {builds['hip']})" if builds.get("hip") else "none (CPU build)")
 
 
 def source_commit(path: str) -> str:

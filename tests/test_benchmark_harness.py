@@ -185,5 +185,7 @@ def test_versions_read_torchs_cuda_build_without_importing_torch(tmp_path, monke
     )
     monkeypatch.setattr(versions.metadata, "distribution", lambda name: Dist())
     assert versions.torch_cuda_build() == "12.1"
+    (tmp_path / "torch/version.py").write_text("cuda: Optional[str] = None\nhip: Optional[str] = '6.2.41133'\n")
+    assert versions.torch_cuda_build() == "none (ROCm 6.2.41133)"
     (tmp_path / "torch/version.py").write_text("cudnn = 1\n")
     assert versions.torch_cuda_build() == "?"
