@@ -34,10 +34,10 @@ def slurm_tasks_on_node(env) -> int:
     return per_node[int(env.get("SLURM_NODEID", 0))]
 
 
-def require_rendezvous_address(env, where: str) -> None:
-    """Rank 0's address and port, which every rank needs to join the process group (torchrun sets both)."""
+def require_rendezvous_address(env, world_size: int, where: str) -> None:
+    """Rank 0's address and port, which every rank of a process group needs (torchrun sets both)."""
     for var in ("MASTER_ADDR", "MASTER_PORT"):
-        if var not in env:
+        if world_size > 1 and var not in env:
             raise RunError(f"{where}, export {var} (e.g. the first host of the job and a free port)")
 
 
@@ -45,24 +45,21 @@ def read_launch_env() -> tuple[int, int, int, int]:
     """(rank, local_rank, world_size, local_world_size) from torchrun's or SLURM's variables."""
     env = os.environ
     if "RANK" in env and "WORLD_SIZE" in env:  # torchrun (or any env:// launcher)
-        if int(env["WORLD_SIZE"]) > 1:
-            require_rendezvous_address(env, f"with WORLD_SIZE={env['WORLD_SIZE']}")
+        require_rendezvous_address(env, int(env["WORLD_SIZE"]), f"with WORLD_SIZE={env['WORLD_SIZE']}")
         local_rank, local_world_size = int(env.get("LOCAL_RANK", 0)), int(env.get("LOCAL_WORLD_SIZE", 1))
         return int(env["RANK"]), local_rank, int(env["WORLD_SIZE"]), local_world_size
     if int(env.get("SLURM_NTASKS", 1)) > 1:  # srun, one task per process
-        require_rendezvous_address(env, "under srun")
+        require_rendezvous_address(env, int(env["SLURM_NTASKS"]), "under srun")
         rank, local_rank = int(env["SLURM_PROCID"]), int(env.get("SLURM_LOCALID", 0))
         return rank, local_rank, int(env["SLURM_NTASKS"]), slurm_tasks_on_node(env)
     return 0, 0, 1, 1
 
 
 def launch_id() -> str:
-    """An id that names this launch and survives torchrun elastic restarts and SLURM requeues.
-
-    torchrun's run id; else the SLURM job and step (`slurm<JOB_ID>.<STEP_ID>`: the runs of one allocation
-    differ by step, a requeued job counts its steps from 0 again); else a random id, so that two launches
-    in the same second differ. Rank 0 calls it and broadcasts the run directory, so every rank agrees.
-    """
+    """An id that names this launch and survives torchrun elastic restarts and SLURM requeues: torchrun's run id;
+    else the SLURM job and step (`slurm<JOB_ID>.<STEP_ID>`: the runs of one allocation differ by step, a requeued
+    job counts its steps from 0 again); else a random id, so that two launches in the same second differ. Rank 0
+    calls it and broadcasts the run directory, so every rank agrees."""
     run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
     if run_id not in ("", "none"):
         return run_id
