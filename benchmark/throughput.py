@@ -37,7 +37,7 @@ next to that run's SPS and ceiling:
         --compare cleanrl_ddp/ppo_atari_async_multigpu.py
 
 CleanRL's own script beside ours, at 2 ranks x 4 envs (one outside cleanrl_ddp/ takes only CleanRL's flags, not
-those after `--`):
+those after `--`: its own go in `--peer-flags`):
 
     python -m benchmark.throughput --world-sizes 2 --local-num-envs 4 \
         --compare benchmark/peers/cleanrl_ppo_atari_multigpu.py
@@ -89,13 +89,14 @@ def rank_cores(world_size: int, cores_per_rank: int) -> list[int] | None:
     return available[: world_size * cores_per_rank] if world_size * cores_per_rank <= len(available) else available
 
 
-def run_once(script, env_id, world_size, seed, variant_flags, sizes, iterations, timeout, cores=None) -> dict:
+def run_once(script, env_id, world_size, seed, variant_flags, sizes, iterations, timeout, cores=None, peer_flags=()):
     """One run of the script's own command line; returns the command, every scalar rank 0 logged, and the flags the
     run took (its flags.json: the script's defaults included, so that a row can say which path ran).
 
-    A script outside cleanrl_ddp/ (CleanRL's own, benchmark/peers/) gets CleanRL's flags only: --env-id, --seed and
-    the sizes, and runs in a folder of its own, where it writes runs/<name>. One with no --local-num-envs is a
-    single-process script (CleanRL's ppo.py): at world size 1 its --num-envs is our --local-num-envs."""
+    A script outside cleanrl_ddp/ (CleanRL's own, benchmark/peers/) gets CleanRL's flags only: --env-id, --seed, the
+    sizes and `peer_flags` (--peer-flags), and runs in a folder of its own, where it writes runs/<name>. One
+    with no --local-num-envs is a single-process script (CleanRL's ppo.py): at world size 1 its --num-envs is our
+    --local-num-envs."""
     steps_per_iteration = world_size * sizes["local_num_envs"] * max(1, sizes["num_steps"])
     size_flags = ["--local-num-envs", str(sizes["local_num_envs"])]
     if sizes["num_steps"]:  # rollout length (PPO); 0 = the script has none (DQN: one step per iteration)
@@ -108,7 +109,7 @@ def run_once(script, env_id, world_size, seed, variant_flags, sizes, iterations,
         else:
             if single_process(script):
                 size_flags[0] = "--num-envs"
-            peer = [*launcher(world_size), os.path.abspath(script), *variant_flags, *size_flags]
+            peer = [*launcher(world_size), os.path.abspath(script), *variant_flags, *size_flags, *peer_flags]
             cmd, cwd, runs = [*peer, "--env-id", env_id, "--seed", str(seed)], runs_dir, Path(runs_dir) / "runs"
         env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
         pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None  # torchrun's workers inherit it
@@ -359,7 +360,14 @@ def main(argv=None) -> int:
         nargs="+",
         default=[],
         help="other scripts run the same way, as extra rows; one outside cleanrl_ddp/ (CleanRL's own, "
-        "benchmark/peers/cleanrl_ppo_atari_multigpu.py) gets only --env-id, --seed and the size flags",
+        "benchmark/peers/cleanrl_ppo_atari_multigpu.py) gets only --env-id, --seed, the size flags and --peer-flags",
+    )
+    parser.add_argument(
+        "--peer-flags",
+        type=shlex.split,
+        default=[],
+        help="flags for the --compare scripts outside cleanrl_ddp/, in their own names, as one string: "
+        "--peer-flags='--learning-starts 400' (the flags after `--` are ours only)",
     )
     parser.add_argument("--local-num-envs", type=int, default=4)
     parser.add_argument("--num-steps", type=int, default=128, help="rollout length; 0 for scripts without one (DQN)")
@@ -433,7 +441,8 @@ def main(argv=None) -> int:
             sps, shares = [], []
             for rep in range(args.repeats):
                 try:
-                    out = run_once(script, args.env_id, ws, rep + 1, flags, sizes, args.iterations, args.timeout, cores)
+                    run = (script, args.env_id, ws, rep + 1, flags, sizes, args.iterations, args.timeout, cores)
+                    out = run_once(*run, peer_flags=args.peer_flags)
                 except RuntimeError as e:  # the run's command, exit code and last output, without our traceback
                     raise SystemExit(f"throughput: error: {e}") from None
                 sps.append(steady_sps(out["events"][SPS_TAG], args.warmup))

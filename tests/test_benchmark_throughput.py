@@ -97,7 +97,7 @@ PEER = """
 import argparse, time
 from torch.utils.tensorboard import SummaryWriter
 p = argparse.ArgumentParser()  # CleanRL's flags, no more: ours (--runs-dir, --checkpoint-every, ...) would fail it
-for flag in ("--env-id", "--seed", "--NUM-ENVS", "--num-steps", "--total-timesteps"):
+for flag in ("--env-id", "--seed", "--NUM-ENVS", "--num-steps", "--total-timesteps", "--learning-starts"):
     p.add_argument(flag)
 args = p.parse_args()
 writer = SummaryWriter(f"runs/{args.env_id}__peer__{args.seed}")  # where it starts, as CleanRL's scripts write
@@ -110,14 +110,14 @@ writer.close()
 
 def test_another_projects_script_gets_cleanrls_flags_and_its_own_folder(tmp_path):
     """A --compare script outside cleanrl_ddp/ (CleanRL's own) takes only CleanRL's flags and writes runs/ where it
-    starts; its events are read from there, its command shown as given. One with no --local-num-envs (CleanRL's
-    ppo.py) gets --num-envs."""
+    starts, with --peer-flags; its events are read from there, its command shown as given. One with no
+    --local-num-envs (CleanRL's ppo.py) gets --num-envs."""
     sizes = dict(local_num_envs=2, num_steps=16, extra=["--our-flag"])  # flags after `--` are ours only
-    tail = "--num-steps 16 --total-timesteps 128 --env-id CartPole-v1 --seed 3"
+    tail = "--num-steps 16 --total-timesteps 128 --learning-starts 7 --env-id CartPole-v1 --seed 3"
     for name, envs in (("peer_multigpu.py", "local_num_envs"), ("peer_ppo.py", "num_envs")):
         (tmp_path / name).write_text(PEER.replace("NUM-ENVS", envs.replace("_", "-")).replace("NUM_ENVS", envs))
         peer = os.path.relpath(tmp_path / name)  # as a reader names it; it runs elsewhere
-        out = run_once(peer, "CartPole-v1", 1, 3, [], sizes, 4, 60)
+        out = run_once(peer, "CartPole-v1", 1, 3, [], sizes, 4, 60, peer_flags=["--learning-starts", "7"])
         assert out["command"] == f"python {peer} --{envs.replace('_', '-')} 2 {tail}"
         assert [step for _, step, _ in out["events"]["charts/SPS"]] == [32, 64, 96, 128, 160]
 
