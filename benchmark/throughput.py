@@ -93,10 +93,10 @@ def run_once(script, env_id, world_size, seed, variant_flags, sizes, iterations,
     """One run of the script's own command line; returns the command, every scalar rank 0 logged, and the flags the
     run took (its flags.json: the script's defaults included, so that a row can say which path ran).
 
-    A script outside cleanrl_ddp/ (CleanRL's own, benchmark/peers/) gets CleanRL's flags only: --env-id, --seed, the
-    sizes and `peer_flags` (--peer-flags), and runs in a folder of its own, where it writes runs/<name>. One
-    with no --local-num-envs is a single-process script (CleanRL's ppo.py): at world size 1 its --num-envs is our
-    --local-num-envs."""
+    A script outside cleanrl_ddp/ (CleanRL's own, benchmark/peers/) gets CleanRL's flags only: the sizes, --env-id,
+    --seed and, last (so they win), `peer_flags` (--peer-flags), and runs in a folder of its own, where it writes
+    runs/<name>. One with no --local-num-envs is a single-process script (CleanRL's ppo.py): at world size 1 its
+    --num-envs is our --local-num-envs."""
     steps_per_iteration = world_size * sizes["local_num_envs"] * max(1, sizes["num_steps"])
     size_flags = ["--local-num-envs", str(sizes["local_num_envs"])]
     if sizes["num_steps"]:  # rollout length (PPO); 0 = the script has none (DQN: one step per iteration)
@@ -109,8 +109,9 @@ def run_once(script, env_id, world_size, seed, variant_flags, sizes, iterations,
         else:
             if single_process(script):
                 size_flags[0] = "--num-envs"
-            peer = [*launcher(world_size), os.path.abspath(script), *variant_flags, *size_flags, *peer_flags]
-            cmd, cwd, runs = [*peer, "--env-id", env_id, "--seed", str(seed)], runs_dir, Path(runs_dir) / "runs"
+            peer = [*launcher(world_size), os.path.abspath(script), *variant_flags, *size_flags]
+            peer += ["--env-id", env_id, "--seed", str(seed), *peer_flags]  # last, so that they win (an EnvPool id)
+            cmd, cwd, runs = peer, runs_dir, Path(runs_dir) / "runs"
         env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
         pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None  # torchrun's workers inherit it
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, preexec_fn=pin, cwd=cwd)
@@ -366,8 +367,8 @@ def main(argv=None) -> int:
         "--peer-flags",
         type=shlex.split,
         default=[],
-        help="flags for the --compare scripts outside cleanrl_ddp/, in their own names, as one string: "
-        "--peer-flags='--learning-starts 400' (the flags after `--` are ours only)",
+        help="flags for the --compare scripts outside cleanrl_ddp/, in their own names, as one string, given last "
+        "(so they win): --peer-flags='--env-id Breakout-v5 --learning-starts 400' (those after `--` are ours only)",
     )
     parser.add_argument("--local-num-envs", type=int, default=4)
     parser.add_argument("--num-steps", type=int, default=128, help="rollout length; 0 for scripts without one (DQN)")

@@ -113,7 +113,7 @@ def test_another_projects_script_gets_cleanrls_flags_and_its_own_folder(tmp_path
     starts, with --peer-flags; its events are read from there, its command shown as given. One with no
     --local-num-envs (CleanRL's ppo.py) gets --num-envs."""
     sizes = dict(local_num_envs=2, num_steps=16, extra=["--our-flag"])  # flags after `--` are ours only
-    tail = "--num-steps 16 --total-timesteps 128 --learning-starts 7 --env-id CartPole-v1 --seed 3"
+    tail = "--num-steps 16 --total-timesteps 128 --env-id CartPole-v1 --seed 3 --learning-starts 7"
     for name, envs in (("peer_multigpu.py", "local_num_envs"), ("peer_ppo.py", "num_envs")):
         (tmp_path / name).write_text(PEER.replace("NUM-ENVS", envs.replace("_", "-")).replace("NUM_ENVS", envs))
         peer = os.path.relpath(tmp_path / name)  # as a reader names it; it runs elsewhere
