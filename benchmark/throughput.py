@@ -412,6 +412,8 @@ def main(argv=None) -> int:
             parser.error(f"--compare {script}: no such file")
         if max(args.world_sizes) > 1 and single_process(script):
             parser.error(f"--compare {script} takes no --local-num-envs (one process): use --world-sizes 1")
+    if args.peer_flags and all(is_ours(script) for script in args.compare):
+        parser.error("--peer-flags: no --compare script of another project to take them (ours take flags after --)")
     if args.iterations <= args.warmup:
         parser.error(f"--iterations {args.iterations} leaves no steady rate after --warmup {args.warmup}: give more")
     if args.env_sweep:

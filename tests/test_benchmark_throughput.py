@@ -238,8 +238,20 @@ def test_env_sweep_settings_and_the_best_line():
             ["--compare", "benchmark/peers/cleanrl_ppo.py"],
             "--compare benchmark/peers/cleanrl_ppo.py takes no --local-num-envs (one process): use --world-sizes 1",
         ),
+        (
+            ["--compare", "cleanrl_ddp/ppo_multigpu.py", "--peer-flags=--learning-starts 4"],
+            "--peer-flags: no --compare script of another project to take them (ours take flags after --)",
+        ),
     ],
-    ids=["no-script", "world-size-0", "all-warmup", "no-compare", "peer-as-script", "one-process-peer-at-2-ranks"],
+    ids=[
+        "no-script",
+        "world-size-0",
+        "all-warmup",
+        "no-compare",
+        "peer-as-script",
+        "one-process-peer-at-2-ranks",
+        "peer-flags-without-a-peer",
+    ],
 )
 def test_bad_flags_are_one_line(monkeypatch, capsys, flags, message):
     monkeypatch.chdir(REPO)  # the default --script, relative to the repository
